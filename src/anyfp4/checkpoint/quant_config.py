@@ -1,0 +1,182 @@
+"""Quantization configs -> one ``QuantScheme``: which module is NVFP4, FP8 or left unquantized.
+
+Understood configs:
+
+- ModelOpt ``hf_quant_config.json`` (``{"producer", "quantization": {"quant_algo", "exclude_modules", ...}}``)
+  or ``config.json``'s ``quantization_config`` with ``quant_method: "modelopt"`` (exclusions in ``ignore``).
+  ``quant_algo``: ``NVFP4`` (run weight-only), ``W4A16_NVFP4``, ``FP8`` and ``MIXED_PRECISION``
+  (``quantized_layers``: module name -> its own ``quant_algo``; unlisted modules are unquantized).
+- compressed-tensors (llm-compressor) ``config.json`` ``quantization_config`` with
+  ``format: "nvfp4-pack-quantized"`` (NVFP4A16 / NVFP4 presets) or ``"float-quantized"``
+  (FP8 weights, per tensor or per channel); exclusions in ``ignore`` (``re:`` regexes allowed).
+- No quantization config at all: a plain float checkpoint (every module unquantized).
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+from .errors import CheckpointError
+
+HF_QUANT_CONFIG = "hf_quant_config.json"
+CONFIG = "config.json"
+
+
+class WeightFormat(enum.Enum):
+    NVFP4 = "nvfp4"
+    FP8 = "fp8"
+    NONE = "none"
+
+
+class TensorNaming(enum.Enum):
+    """How a producer names an NVFP4 layer's tensors."""
+
+    MODELOPT = "modelopt"  # weight, weight_scale, weight_scale_2 (multiply), input_scale
+    COMPRESSED_TENSORS = "compressed-tensors"  # weight_packed, weight_scale, weight_global_scale (divide)
+
+
+_MODELOPT_ALGOS = {
+    "NVFP4": WeightFormat.NVFP4,
+    "W4A16_NVFP4": WeightFormat.NVFP4,
+    "FP8": WeightFormat.FP8,
+}
+SUPPORTED_ALGOS = tuple(_MODELOPT_ALGOS) + ("MIXED_PRECISION",)
+
+
+def module_matches(name: str, pattern: str) -> bool:
+    """Exclusion-list matching as ModelOpt and compressed-tensors write it.
+
+    ``re:<regex>`` is a full regex match; a pattern with ``*``/``?`` is a glob; a plain name
+    matches that module and everything below it (``model.layers.0`` covers its projections).
+    """
+    if pattern.startswith("re:"):
+        return re.fullmatch(pattern[3:], name) is not None
+    if any(ch in pattern for ch in "*?["):
+        return fnmatch.fnmatchcase(name, pattern)
+    return name == pattern or name.startswith(pattern + ".")
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """Where each module's format comes from. ``format_of(module)`` is the only question it answers."""
+
+    producer: str  # "modelopt", "compressed-tensors" or "none"
+    algo: str  # quant_algo as written ("NVFP4", "FP8", "MIXED_PRECISION", ...), or the CT format
+    naming: TensorNaming = TensorNaming.MODELOPT
+    default_format: WeightFormat = WeightFormat.NONE
+    exclude: tuple[str, ...] = ()
+    layer_formats: Mapping[str, WeightFormat] = field(default_factory=lambda: MappingProxyType({}))
+    source: str = ""  # the file the scheme was read from
+
+    @property
+    def is_mixed(self) -> bool:
+        return self.algo == "MIXED_PRECISION"
+
+    def format_of(self, module: str) -> WeightFormat:
+        if self.is_mixed:
+            return self.layer_formats.get(module, WeightFormat.NONE)
+        if any(module_matches(module, p) for p in self.exclude):
+            return WeightFormat.NONE
+        return self.default_format
+
+
+def _modelopt_format(algo: object, where: str, source: Path) -> WeightFormat:
+    if algo not in _MODELOPT_ALGOS:
+        raise CheckpointError(
+            f"unsupported ModelOpt quant_algo {algo!r} at {where}; anyfp4 runs {', '.join(SUPPORTED_ALGOS)}",
+            file=source,
+        )
+    return _MODELOPT_ALGOS[algo]
+
+
+def _parse_modelopt(quant: dict, source: Path, exclude_key: str) -> QuantScheme:
+    algo = quant.get("quant_algo")
+    group_size = quant.get("group_size", 16)
+    if group_size not in (None, 16):
+        raise CheckpointError(f"NVFP4 group_size must be 16, got {group_size!r}", file=source)
+    exclude = tuple(quant.get(exclude_key) or ())
+    if algo == "MIXED_PRECISION":
+        layers = quant.get("quantized_layers")
+        if not isinstance(layers, dict) or not layers:
+            raise CheckpointError("MIXED_PRECISION config has no 'quantized_layers' mapping", file=source)
+        formats = {}
+        for module, cfg in layers.items():
+            if not isinstance(cfg, dict):
+                raise CheckpointError(f"quantized_layers[{module!r}] must be a dict, got {cfg!r}", file=source)
+            formats[module] = _modelopt_format(cfg.get("quant_algo"), f"quantized_layers[{module!r}]", source)
+            if cfg.get("group_size", 16) != 16:
+                raise CheckpointError(f"quantized_layers[{module!r}] group_size must be 16", file=source)
+        return QuantScheme("modelopt", algo, exclude=exclude, layer_formats=MappingProxyType(formats), source=str(source))
+    return QuantScheme("modelopt", str(algo), default_format=_modelopt_format(algo, "quant_algo", source),
+                       exclude=exclude, source=str(source))
+
+
+def _parse_compressed_tensors(qc: dict, source: Path) -> QuantScheme:
+    fmt = qc.get("format")
+    groups = qc.get("config_groups") or {}
+    weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
+    if fmt == "nvfp4-pack-quantized":
+        for w in weights:
+            if (w.get("num_bits"), w.get("type"), w.get("group_size")) != (4, "float", 16):
+                raise CheckpointError(f"nvfp4-pack-quantized group has unexpected weights spec {w}", file=source)
+        return QuantScheme("compressed-tensors", fmt, naming=TensorNaming.COMPRESSED_TENSORS,
+                           default_format=WeightFormat.NVFP4, exclude=tuple(qc.get("ignore") or ()),
+                           source=str(source))
+    if fmt == "float-quantized":
+        for w in weights:
+            if (w.get("num_bits"), w.get("type")) != (8, "float") or w.get("strategy") not in ("tensor", "channel"):
+                raise CheckpointError(f"float-quantized group has unsupported weights spec {w}", file=source)
+        return QuantScheme("compressed-tensors", fmt, default_format=WeightFormat.FP8,
+                           exclude=tuple(qc.get("ignore") or ()), source=str(source))
+    raise CheckpointError(
+        f"unsupported compressed-tensors format {fmt!r}; anyfp4 reads 'nvfp4-pack-quantized' and 'float-quantized'",
+        file=source,
+    )
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"not valid JSON: {e}", file=path) from None
+    if not isinstance(data, dict):
+        raise CheckpointError("expected a JSON object", file=path)
+    return data
+
+
+def parse_quant_scheme(checkpoint_dir: str | Path) -> QuantScheme:
+    """Read the quantization description of a Hugging Face checkpoint directory.
+
+    ``hf_quant_config.json`` wins over ``config.json`` when both exist (it is ModelOpt's
+    own file); ``config.json``'s ``quantization_config`` is used otherwise.
+    """
+    root = Path(checkpoint_dir)
+    hf_quant = root / HF_QUANT_CONFIG
+    if hf_quant.is_file():
+        data = _read_json(hf_quant)
+        quant = data.get("quantization")
+        if not isinstance(quant, dict):
+            raise CheckpointError("missing the 'quantization' object", file=hf_quant)
+        return _parse_modelopt(quant, hf_quant, "exclude_modules")
+    config = root / CONFIG
+    if not config.is_file():
+        raise CheckpointError("not a Hugging Face checkpoint: no config.json", file=root)
+    qc = _read_json(config).get("quantization_config")
+    if qc is None:
+        return QuantScheme("none", "NONE", source=str(config))
+    method = qc.get("quant_method")
+    if method == "modelopt":
+        return _parse_modelopt(qc, config, "ignore")
+    if method == "compressed-tensors":
+        return _parse_compressed_tensors(qc, config)
+    raise CheckpointError(
+        f"unsupported quant_method {method!r}; anyfp4 reads 'modelopt' and 'compressed-tensors' checkpoints",
+        file=config,
+    )
