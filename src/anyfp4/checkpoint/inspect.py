@@ -1,0 +1,124 @@
+"""``anyfp4 inspect``: what a checkpoint holds, what decoding a token reads, and whether it is valid."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+
+from .errors import CheckpointError
+from .layers import LayerSpec
+from .quant_config import WeightFormat
+
+BF16_BYTES = 2
+
+
+def _is_embedding(layer: LayerSpec) -> bool:
+    leaf = layer.name.rsplit(".", 1)[-1]
+    return "embed" in leaf or leaf in ("wte", "word_embeddings")
+
+
+def _group_key(layer: LayerSpec) -> str:
+    """``model.layers.7.mlp.up_proj`` -> ``mlp.up_proj``: one row per projection kind."""
+    parts = layer.name.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[i + 1:])
+    return layer.name
+
+
+def _stored_bytes(reader, layer: LayerSpec) -> int:
+    return sum(reader.index[t].nbytes for t in layer.tensors.values())
+
+
+def inspect_checkpoint(path: str | Path, check_values: bool = True, progress: bool = False) -> dict:
+    """A JSON-ready report. Never raises for a bad checkpoint: the verdict says what is wrong."""
+    from .reader import CheckpointReader
+
+    report: dict = {"path": str(path), "valid": False, "error": None}
+    try:
+        reader = CheckpointReader(path)
+    except CheckpointError as e:
+        report["error"] = str(e)
+        return report
+    report["producer"] = reader.scheme.producer
+    report["quant_algo"] = reader.scheme.algo
+    groups: "OrderedDict[tuple, dict]" = OrderedDict()
+    per_token = stored = bf16 = 0
+    for layer in reader.layers:
+        embedding = _is_embedding(layer)
+        key = (_group_key(layer), layer.format.value)
+        g = groups.setdefault(key, {"group": key[0], "format": key[1], "count": 0, "shapes": [], "bytes": 0,
+                                    "role": "embedding" if embedding else "linear"})
+        g["count"] += 1
+        shape = [layer.out_features, layer.in_features]
+        if shape not in g["shapes"]:
+            g["shapes"].append(shape)
+        nbytes = _stored_bytes(reader, layer)
+        g["bytes"] += nbytes
+        stored += nbytes
+        if embedding:
+            per_token += nbytes // max(layer.out_features, 1)  # one row is gathered per token
+        else:
+            per_token += layer.weight_bytes if layer.format is not WeightFormat.NONE else nbytes
+            bf16 += layer.out_features * layer.in_features * BF16_BYTES
+    tied = reader.config.get("tie_word_embeddings", False) and not any(l.name.endswith("lm_head") for l in reader.layers)
+    if tied:  # the output head reads the whole embedding matrix every token
+        emb = next((l for l in reader.layers if _is_embedding(l)), None)
+        if emb is not None:
+            per_token += _stored_bytes(reader, emb)
+            bf16 += emb.out_features * emb.in_features * BF16_BYTES
+    report.update(
+        groups=list(groups.values()),
+        layers=len(reader.layers),
+        quantized_layers=sum(l.format is not WeightFormat.NONE for l in reader.layers),
+        tied_embeddings=bool(tied),
+        total_weight_bytes=stored,
+        bytes_per_token=per_token,
+        bf16_bytes_per_token=bf16,
+        compression_vs_bf16=(bf16 / per_token) if per_token else None,
+    )
+    if check_values:
+        try:
+            reader.validate_values(progress=progress)
+        except CheckpointError as e:
+            report["error"] = str(e)
+            return report
+    report["valid"] = True
+    report["values_checked"] = check_values
+    return report
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def print_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if "groups" in report:
+        table = Table(title=f"{report['path']}  ({report['producer']}, {report['quant_algo']})")
+        for col in ("layer group", "format", "count", "shape (N x K)", "bytes"):
+            table.add_column(col, justify="right" if col in ("count", "bytes") else "left")
+        for g in report["groups"]:
+            shapes = ", ".join(f"{n} x {k}" for n, k in g["shapes"])
+            table.add_row(g["group"], g["format"], str(g["count"]), shapes, _human(g["bytes"]))
+        console.print(table)
+        console.print(
+            f"layers: {report['layers']} ({report['quantized_layers']} quantized)   "
+            f"stored weights: {_human(report['total_weight_bytes'])}\n"
+            f"weight bytes read per decoded token: {_human(report['bytes_per_token'])} "
+            f"(bf16: {_human(report['bf16_bytes_per_token'])}, "
+            f"compression {report['compression_vs_bf16']:.2f}x)"
+            + ("   [tied embeddings: lm_head reads the embedding matrix]" if report["tied_embeddings"] else "")
+        )
+    if report["valid"]:
+        checked = "structure and scale values" if report.get("values_checked") else "structure only"
+        console.print(f"[green]valid[/green] ({checked} checked)")
+    else:
+        console.print(f"[red]invalid:[/red] {report['error']}", highlight=False)

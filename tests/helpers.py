@@ -1,0 +1,79 @@
+"""Small checkpoints made on the fly for tests: a random Llama-shaped float model and mutations of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+}
+
+
+def llama_tensors(config: dict, seed: int = 0, dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    hd = config.get("head_dim", h // config["num_attention_heads"])
+    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+
+    def rnd(*shape, scale=0.05):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+    t = {"model.embed_tokens.weight": rnd(v, h, scale=1.0), "model.norm.weight": 1 + rnd(h)}
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        t[p + "input_layernorm.weight"] = 1 + rnd(h)
+        t[p + "post_attention_layernorm.weight"] = 1 + rnd(h)
+        t[p + "self_attn.q_proj.weight"] = rnd(q, h)
+        t[p + "self_attn.k_proj.weight"] = rnd(kv, h, scale=0.1)
+        t[p + "self_attn.v_proj.weight"] = rnd(kv, h, scale=0.02)
+        t[p + "self_attn.o_proj.weight"] = rnd(h, q)
+        t[p + "mlp.gate_proj.weight"] = rnd(i, h)
+        t[p + "mlp.up_proj.weight"] = rnd(i, h, scale=0.08)
+        t[p + "mlp.down_proj.weight"] = rnd(h, i)
+    if not config.get("tie_word_embeddings"):
+        t["lm_head.weight"] = rnd(v, h)
+    return t
+
+
+def write_float_checkpoint(path: Path, config: dict | None = None, seed: int = 0, dtype=torch.bfloat16) -> Path:
+    config = dict(config or TINY_LLAMA)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
+    save_file(llama_tensors(config, seed, dtype), str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
+def rewrite_tensors(path: Path, edit) -> None:
+    """Load model.safetensors, let ``edit(dict)`` mutate it, save it back."""
+    file = path / "model.safetensors"
+    tensors = load_file(str(file))
+    edit(tensors)
+    save_file(tensors, str(file), metadata={"format": "pt"})
+
+
+def edit_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=2))
