@@ -46,7 +46,8 @@ class CheckpointReader:
     def _check_positive_scalar(self, name: str, value: torch.Tensor, what: str) -> None:
         bad = ~torch.isfinite(value) | (value <= 0)
         if bad.any():
-            raise CheckpointError(f"{what} must be finite and positive, found {value.flatten()[bad.flatten()][0].item()}",
+            first = value.flatten()[bad.flatten()][0].item()
+            raise CheckpointError(f"{what} must be finite and positive, found {first:.6g}",
                                   file=self.index[name].file, tensor=name)
 
     def load_nvfp4(self, layer: LayerSpec) -> NVFP4Weight:
