@@ -77,3 +77,28 @@ def edit_json(path: Path, edit) -> None:
     data = json.loads(path.read_text())
     edit(data)
     path.write_text(json.dumps(data, indent=2))
+
+
+def to_compressed_tensors(modelopt_dir: Path, out: Path) -> Path:
+    """The compressed-tensors twin of a ModelOpt NVFP4 checkpoint: renamed tensors, reciprocal global scales."""
+    import shutil
+
+    shutil.copytree(modelopt_dir, out)
+    (out / "hf_quant_config.json").unlink()
+    tensors = load_file(str(out / "model.safetensors"))
+    twin = {}
+    for name, t in tensors.items():
+        module, _, suffix = name.rpartition(".")
+        if suffix == "weight" and t.dtype == torch.uint8:
+            twin[f"{module}.weight_packed"] = t
+        elif suffix == "weight_scale_2":
+            twin[f"{module}.weight_global_scale"] = (1.0 / t.double()).float()
+        else:
+            twin[name] = t
+    save_file(twin, str(out / "model.safetensors"), metadata={"format": "pt"})
+    ignore = json.loads((modelopt_dir / "hf_quant_config.json").read_text())["quantization"]["exclude_modules"]
+    edit_json(out / "config.json", lambda c: c.update(quantization_config={
+        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "ignore": ignore,
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}}}}))
+    return out

