@@ -13,3 +13,22 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "anyfp4"
+
+
+def triton_interpret() -> bool:
+    """Triton's CPU interpreter (``TRITON_INTERPRET=1``): kernels run on CPU tensors, slowly."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+ACT_PACK_CHOICES = ("auto", "0", "1")
+
+
+def act_pack_mode() -> str:
+    """``ANYFP4_ACT_PACK``: ``auto`` (by GPU and M, the default), ``0`` (never) or ``1`` (always).
+
+    Read inside the custom op at call time, so it never changes what torch.compile traces.
+    """
+    value = os.environ.get("ANYFP4_ACT_PACK", "auto").strip().lower()
+    if value not in ACT_PACK_CHOICES:
+        raise ValueError(f"ANYFP4_ACT_PACK must be one of {', '.join(ACT_PACK_CHOICES)}, got {value!r}")
+    return value

@@ -1,0 +1,129 @@
+"""The one op boundary: ``torch.ops.anyfp4.*``. Every kernel is reached from here.
+
+- ``nvfp4_linear(x, codes, scales, global_scale, bias, out_features, in_features)``:
+  ``x @ W^T (+ bias)`` for an NVFP4 prepack (``kernels.nvfp4_prepack``).
+- ``nvfp4_gated(x, codes, scales, global_scale, up_offset, out_features, in_features)``:
+  ``silu(x @ Wg^T) * (x @ Wu^T)`` for a gated prepack.
+
+Inside the op (so torch.compile and CUDA graphs never bake a branch in): on CUDA, M = rows of
+``x`` picks the decode kernel (M <= 32, launch table or heuristic, activation block-pack by
+``ANYFP4_ACT_PACK``) or dequantize + cuBLAS (prefill); on the CPU, the pure-torch reference.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .formats.nvfp4 import dequantize_nvfp4
+from .kernels.nvfp4_prepack import NVFP4Prepacked, unprepack_nvfp4, unprepack_nvfp4_gated
+
+ACT_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _as_prepacked(codes: Tensor, scales: Tensor, global_scale: Tensor, up_offset: int, out_features: int,
+                  in_features: int) -> NVFP4Prepacked:
+    return NVFP4Prepacked(codes, scales, global_scale, out_features, in_features, up_offset)
+
+
+def _check(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_features: int, in_features: int,
+           up_offset: int, name: str) -> None:
+    """Shapes, dtypes and devices only: no value is read, so no host sync."""
+    if x.dtype not in ACT_DTYPES and not (x.device.type == "cpu" and x.dtype == torch.float32):
+        raise TypeError(f"{name}: activations must be float16 or bfloat16, got {x.dtype}")
+    if x.shape[-1] != in_features:
+        raise ValueError(f"{name}: x has {x.shape[-1]} features, the weight expects {in_features}")
+    if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] * 8 < in_features:
+        raise ValueError(f"{name}: codes must be a 2-D int32 prepack covering K = {in_features}, got "
+                         f"{codes.dtype} {tuple(codes.shape)}")
+    rows = up_offset + out_features if up_offset else out_features
+    if codes.shape[0] < rows or scales.dtype != torch.uint8 or scales.shape != (codes.shape[0], codes.shape[1] // 2):
+        raise ValueError(f"{name}: scales {scales.dtype} {tuple(scales.shape)} do not match codes {tuple(codes.shape)}")
+    if global_scale.dtype != torch.float32 or global_scale.numel() != 1:
+        raise ValueError(f"{name}: global_scale must be one float32 value")
+    if not (x.device == codes.device == scales.device == global_scale.device):
+        raise ValueError(f"{name}: x, codes, scales and global_scale must be on one device")
+    if x.device.type == "cuda":
+        from .kernels.tuning import device_arch
+
+        sm, _ = device_arch(x.device.index if x.device.index is not None else torch.cuda.current_device())
+        if sm < 70:
+            raise RuntimeError(f"{name}: anyfp4 kernels need compute capability 7.0 or newer, this GPU is sm_{sm}")
+        if x.dtype == torch.bfloat16 and sm < 80:
+            raise TypeError(f"{name}: bfloat16 activations need sm_80 or newer (this GPU is sm_{sm}); use float16")
+
+
+def _reference(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
+    """The CPU implementation: dequantize with formats/ and multiply in float32."""
+    x2 = x.reshape(-1, w.in_features).float()
+    if w.gated:
+        gate, up = (dequantize_nvfp4(p) for p in unprepack_nvfp4_gated(w))
+        y = torch.nn.functional.silu(x2 @ gate.t()) * (x2 @ up.t())
+    else:
+        y = x2 @ dequantize_nvfp4(unprepack_nvfp4(w)).t()
+        if bias is not None:
+            y = y + bias.float()
+    return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
+
+
+def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
+    from .env import act_pack_mode
+    from .kernels.nvfp4_decode import MAX_DECODE_M, nvfp4_decode_gemm
+    from .kernels.nvfp4_dequant import nvfp4_prefill_gemm
+    from .kernels.tuning import act_pack_auto, decode_config, device_arch
+
+    x2 = x.reshape(-1, w.in_features)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    if m == 0:
+        return x.new_empty(*x.shape[:-1], w.out_features)
+    if m <= MAX_DECODE_M:
+        sm, sms = device_arch(x.device.index)
+        mode = act_pack_mode()
+        pack = mode == "1" or (mode == "auto" and act_pack_auto(sm, m))
+        config = decode_config(sm, sms, w.out_features, w.in_features, w.codes.shape[1] * 8, m)
+        y = nvfp4_decode_gemm(x2, w, bias if not w.gated else None, config, act_pack=pack)
+    else:
+        y = nvfp4_prefill_gemm(x2, w, bias if not w.gated else None)
+    return y.reshape(*x.shape[:-1], w.out_features)
+
+
+@torch.library.custom_op("anyfp4::nvfp4_linear", mutates_args=())
+def nvfp4_linear(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, bias: Optional[Tensor],
+                 out_features: int, in_features: int) -> Tensor:
+    _check(x, codes, scales, global_scale, out_features, in_features, 0, "nvfp4_linear")
+    if bias is not None and bias.shape != (out_features,):
+        raise ValueError(f"nvfp4_linear: bias must have shape ({out_features},), got {tuple(bias.shape)}")
+    w = _as_prepacked(codes, scales, global_scale, 0, out_features, in_features)
+    return _cuda(x, w, bias) if x.is_cuda else _reference(x, w, bias)
+
+
+@nvfp4_linear.register_fake
+def _(x, codes, scales, global_scale, bias, out_features, in_features):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+@torch.library.custom_op("anyfp4::nvfp4_gated", mutates_args=())
+def nvfp4_gated(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, up_offset: int,
+                out_features: int, in_features: int) -> Tensor:
+    if up_offset <= 0:
+        raise ValueError("nvfp4_gated: up_offset must be positive (use prepack_nvfp4_gated)")
+    _check(x, codes, scales, global_scale, out_features, in_features, up_offset, "nvfp4_gated")
+    w = _as_prepacked(codes, scales, global_scale, up_offset, out_features, in_features)
+    return _cuda(x, w, None) if x.is_cuda else _reference(x, w, None)
+
+
+@nvfp4_gated.register_fake
+def _(x, codes, scales, global_scale, up_offset, out_features, in_features):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+def linear(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor] = None) -> Tensor:
+    """Convenience: call the right op for a prepack."""
+    if w.gated:
+        return torch.ops.anyfp4.nvfp4_gated(x, w.codes, w.scales, w.global_scale, w.up_offset, w.out_features,
+                                            w.in_features)
+    return torch.ops.anyfp4.nvfp4_linear(x, w.codes, w.scales, w.global_scale, bias, w.out_features, w.in_features)
