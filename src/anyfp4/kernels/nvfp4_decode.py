@@ -182,7 +182,7 @@ def act_block_pack(x: torch.Tensor, k_pad: int) -> torch.Tensor:
 
 
 def nvfp4_decode_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None, config: DecodeConfig,
-                      act_pack: bool = False) -> torch.Tensor:
+                      act_pack: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) with M <= 32 -> (M, N); a gated prepack gives silu(gate) * up. Checked by the op."""
     m, k = x.shape
     gated = w.gated
@@ -194,7 +194,8 @@ def nvfp4_decode_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | N
     k_tiles = k_pad // c.block_k
     if k_tiles % c.split_k:
         raise ValueError(f"split_k {c.split_k} must divide the {k_tiles} K tiles of block_k {c.block_k}")
-    out = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
     if act_pack:
         xk, x_rows, stride_xm = act_block_pack(x, k_pad), block_m, 0
     else:

@@ -1,0 +1,281 @@
+"""NVFP4 linear on a CUDA GPU: correctness against the reference, a launch-config sweep, and timings.
+
+    python benchmarks/nvfp4_linear.py --out results.json [--tune] [--quick]
+
+Every timing is the median of CUDA-graph replays of R back-to-back calls that rotate over enough
+weight copies to exceed the L2 cache several times (random codes and scales, never zeros).
+Columns: us per call, effective GB/s (codes + scales + activations + output), % of the
+device-to-device copy bandwidth measured in the same run, and speed-up over bf16 F.linear
+(cuBLAS) timed the same way in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4  # noqa: E402
+from anyfp4.kernels.nvfp4_decode import DecodeConfig, nvfp4_decode_gemm  # noqa: E402
+from anyfp4.kernels.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm  # noqa: E402
+from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
+from anyfp4.kernels.tuning import heuristic_config  # noqa: E402
+
+SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (3584, 5120), (8704, 5120), (5120, 1536), (5120, 4352),
+          (62080, 5120), (28672, 8192)]
+DECODE_M = [1, 2, 4, 8, 16, 32]
+PREFILL_M = [64, 256, 1024, 4096]
+ROTATE_BYTES = 512 * 1024**2
+
+
+def random_nvfp4(n: int, k: int, device) -> NVFP4Weight:
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
+    # block scales: E4M3 bytes of positive normal values in a realistic range (0.5 .. 448)
+    scale_bytes = torch.randint(0x30, 0x7E, (n, k // 16), dtype=torch.uint8, device=device)
+    return NVFP4Weight(packed, scale_bytes.view(torch.float8_e4m3fn), torch.tensor(1e-3, device=device))
+
+
+def copy_bandwidth(device) -> float:
+    """Read + write bytes per second of a 4 GiB device-to-device copy (median of 10)."""
+    src = torch.empty(4 * 1024**3 // 2, dtype=torch.bfloat16, device=device).uniform_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        dst.copy_(src)
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * 4 * 1024**3 / statistics.median(times[2:])
+
+
+def graph_time(calls, reps: int = 20, trials: int = 7) -> float:
+    """Median seconds per call: capture ``reps`` rotated calls in one CUDA graph, time replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(3):
+            calls(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            calls(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(trials):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / 1e3 / reps)
+    del graph
+    return statistics.median(times)
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check_correctness(device, report: dict) -> None:
+    """Decode, gated and prefill against the reference on fresh random data; pack on/off and
+    repeated runs bit-identical; poisoned outputs overwritten; large activations stay finite."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    results = []
+    failures = []
+    gen = torch.Generator(device=device).manual_seed(1234)
+    for (n, k), dtype in itertools.product([(4120, 1552), (4096, 4096), (1000, 4352)], [torch.float16, torch.bfloat16]):
+        w = random_nvfp4(n, k, device)
+        p = prepack_nvfp4(w)
+        wd = dequantize_nvfp4(w)
+        # dequant bit-exact
+        d = nvfp4_dequantize(p, dtype)
+        if not torch.equal(d, wd.to(dtype)):
+            failures.append(f"dequant not bit-exact {n}x{k} {dtype}")
+        gate, up = random_nvfp4(n, k, device), random_nvfp4(n, k, device)
+        up = NVFP4Weight(up.packed, up.block_scale, gate.global_scale)
+        pg = prepack_nvfp4_gated(gate, up)
+        gd, ud = dequantize_nvfp4(gate), dequantize_nvfp4(up)
+        for m in [1, 2, 4, 5, 7, 8, 9, 15, 16, 17, 32, 64, 256]:
+            x = torch.randn(m, k, device=device, generator=gen).to(dtype)
+            ref = x.float() @ wd.t()
+            gref = torch.nn.functional.silu(x.float() @ gd.t()) * (x.float() @ ud.t())
+            tol = 2e-3 if dtype == torch.float16 else 8e-3
+            if m <= 32:
+                cfgs = [heuristic_config(n, p.codes.shape[1] * 8, torch.cuda.get_device_properties(device).multi_processor_count),
+                        DecodeConfig(32, 128, 1), DecodeConfig(128, 256, 4 if (p.codes.shape[1] * 8 // 256) % 4 == 0 else 1)]
+                for cfg in cfgs:
+                    outs = []
+                    for pack in (False, True):
+                        out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+                        y = nvfp4_decode_gemm(x, p, None, cfg, act_pack=pack, out=out)
+                        outs.append(y.clone())
+                        y2 = nvfp4_decode_gemm(x, p, None, cfg, act_pack=pack)
+                        if not torch.equal(y, y2):
+                            failures.append(f"nondeterministic {n}x{k} m={m} {cfg} pack={pack}")
+                        if torch.isnan(y).any():
+                            failures.append(f"unwritten/NaN output {n}x{k} m={m} {cfg} pack={pack}")
+                        e = rel_err(y, ref)
+                        if not e < tol:
+                            failures.append(f"decode error {e:.2e} {n}x{k} m={m} {dtype} {cfg} pack={pack}")
+                        yg = nvfp4_decode_gemm(x, pg, None, cfg, act_pack=pack)
+                        eg = rel_err(yg, gref)
+                        if not eg < tol * 2:
+                            failures.append(f"gated error {eg:.2e} {n}x{k} m={m} {dtype} {cfg} pack={pack}")
+                        results.append({"n": n, "k": k, "m": m, "dtype": str(dtype), "cfg": cfg.__dict__,
+                                        "pack": pack, "rel_err": e, "gated_rel_err": eg})
+                    if not torch.equal(outs[0], outs[1]):
+                        failures.append(f"pack on/off differ {n}x{k} m={m} {cfg}")
+            else:
+                y = nvfp4_prefill_gemm(x, p, None)
+                e = rel_err(y, ref)
+                yg = nvfp4_prefill_gemm(x, pg, None)
+                eg = rel_err(yg, gref)
+                if not (e < tol and eg < tol * 2):
+                    failures.append(f"prefill error {e:.2e}/{eg:.2e} {n}x{k} m={m} {dtype}")
+                results.append({"n": n, "k": k, "m": m, "dtype": str(dtype), "prefill": True, "rel_err": e,
+                                "gated_rel_err": eg})
+        # large activations: fp16 |x| up to 6e4 must not overflow where the true result is finite
+        if dtype == torch.float16:
+            x = (torch.rand(4, k, device=device, generator=gen) * 2 - 1) * 6e4
+            x = x.to(dtype)
+            y = nvfp4_decode_gemm(x, p, None, heuristic_config(n, p.codes.shape[1] * 8, 132)).float()
+            ref = x.float() @ wd.t()
+            finite_ref = ref.abs() < 6e4
+            if not torch.isfinite(y[finite_ref]).all():
+                failures.append(f"overflow with large activations {n}x{k}")
+    report["correctness"] = {"checks": len(results), "failures": failures, "max_rel_err": max(r["rel_err"] for r in results)}
+    print(f"correctness: {len(results)} checks, {len(failures)} failures")
+    for f in failures[:20]:
+        print("  FAIL", f)
+
+
+def candidate_configs(k_pad: int):
+    for block_n, block_k in itertools.product((32, 64, 128), (128, 256)):
+        k_tiles = k_pad // block_k
+        for split in (1, 2, 4, 8, 16, 32):
+            if k_tiles % split == 0 and k_tiles // split >= 1:
+                yield DecodeConfig(block_n, block_k, split, 4, 3)
+
+
+def bench_shapes(device, report: dict, tune: bool, quick: bool) -> None:
+    bw = report["copy_bandwidth_Bps"]
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    dtype = torch.bfloat16
+    rows, table = [], {}
+    shapes = SHAPES[:3] + SHAPES[-1:] if quick else SHAPES
+    for n, k in shapes:
+        nbytes_w = n * k * 0.5625
+        copies = max(2, int(ROTATE_BYTES // nbytes_w) + 1)
+        ws = [prepack_nvfp4(random_nvfp4(n, k, device)) for _ in range(copies)]
+        bf_copies = max(2, int(ROTATE_BYTES // (n * k * 2)) + 1)
+        wbf = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(bf_copies)]
+        k_pad = ws[0].codes.shape[1] * 8
+        for m in DECODE_M + ([] if quick else PREFILL_M):
+            x = torch.randn(m, k, device=device, dtype=dtype)
+            t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wbf[i % bf_copies]))
+            entry = {"n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6}
+            if m <= 32:
+                heur = heuristic_config(n, k_pad, sms)
+                best_cfg, best_t = heur, graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, heur))
+                entry["heuristic_us"] = best_t * 1e6
+                if tune:
+                    for cfg in candidate_configs(k_pad):
+                        t = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, cfg), reps=10, trials=3)
+                        if t < best_t:
+                            best_cfg, best_t = cfg, t
+                    best_t = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, best_cfg))
+                    table[f"{k},{n},{m}"] = best_cfg.__dict__
+                t_pack = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, best_cfg, act_pack=True))
+                entry.update(nvfp4_us=best_t * 1e6, pack_us=t_pack * 1e6, config=best_cfg.__dict__)
+            else:
+                best_t = graph_time(lambda i: nvfp4_prefill_gemm(x, ws[i % copies], None), reps=5, trials=5)
+                entry.update(nvfp4_us=best_t * 1e6, path="dequant+cublas")
+            moved = nbytes_w + m * k * 2 + m * n * 2
+            entry.update(gbps=moved / best_t / 1e9, pct_copy=100 * moved / best_t / bw, speedup=t_bf16 / best_t)
+            rows.append(entry)
+            print(f"{n:>6}x{k:<6} M={m:<5} bf16 {t_bf16 * 1e6:8.2f} us  nvfp4 {best_t * 1e6:8.2f} us  "
+                  f"{entry['gbps']:7.0f} GB/s  {entry['pct_copy']:5.1f}% copy  x{entry['speedup']:.2f}"
+                  + (f"  pack {entry['pack_us']:.2f}" if "pack_us" in entry else ""), flush=True)
+        del ws, wbf
+        torch.cuda.empty_cache()
+        report["linear"], report["tuned_table"] = rows, table
+        save(report)
+    report["linear"] = rows
+    report["tuned_table"] = table
+
+
+def bench_gated(device, report: dict) -> None:
+    n, k = 14336, 4096
+    dtype = torch.bfloat16
+    copies = 4
+    ws = [prepack_nvfp4_gated(random_nvfp4(n, k, device), random_nvfp4(n, k, device)) for _ in range(copies)]
+    # same global scale for the pair
+    wbf = [torch.randn(2 * n, k, device=device, dtype=dtype) * 0.02 for _ in range(3)]
+    rows = []
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    for m in (1, 8, 32):
+        x = torch.randn(m, k, device=device, dtype=dtype)
+
+        def bf16(i):
+            y = torch.nn.functional.linear(x, wbf[i % 3])
+            return torch.nn.functional.silu(y[:, :n]) * y[:, n:]
+
+        t_bf = graph_time(bf16)
+        cfg = heuristic_config(n, ws[0].codes.shape[1] * 8, sms)
+        best = min((graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, c), reps=10, trials=3), c)
+                   for c in [cfg] + list(candidate_configs(ws[0].codes.shape[1] * 8)))
+        t = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, best[1]))
+        rows.append({"m": m, "bf16_us": t_bf * 1e6, "nvfp4_us": t * 1e6, "speedup": t_bf / t, "config": best[1].__dict__})
+        print(f"gated 2x{n}x{k} M={m}: bf16 {t_bf * 1e6:.2f} us  nvfp4 {t * 1e6:.2f} us  x{t_bf / t:.2f} {best[1]}")
+    report["gated"] = rows
+
+
+OUT_PATH = Path("nvfp4_linear.json")
+
+
+def save(report: dict) -> None:
+    OUT_PATH.write_text(json.dumps(report, indent=1))
+
+
+def main() -> None:
+    global OUT_PATH
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="nvfp4_linear.json")
+    ap.add_argument("--tune", action="store_true", help="sweep launch configs per shape and M")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skip-correctness", action="store_true")
+    args = ap.parse_args()
+    OUT_PATH = Path(args.out)
+    device = torch.device("cuda")
+    props = torch.cuda.get_device_properties(device)
+    report = {"gpu": props.name, "sm": f"{props.major}{props.minor}", "sms": props.multi_processor_count,
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    import triton
+
+    report["triton"] = triton.__version__
+    report["copy_bandwidth_Bps"] = copy_bandwidth(device)
+    print(f"{props.name}: copy bandwidth {report['copy_bandwidth_Bps'] / 1e12:.2f} TB/s", flush=True)
+    if not args.skip_correctness:
+        check_correctness(device, report)
+        save(report)
+    bench_shapes(device, report, args.tune, args.quick)
+    bench_gated(device, report)
+    save(report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Every kernel variant compiles ahead of time for sm_70, 75, 80, 86, 89 and 90 (no GPU needed):
+fp16 activations everywhere, bf16 from sm_80 on. Catches instructions an older GPU lacks.
+
+Runs in a subprocess per architecture: the test session may have imported the kernels under
+Triton's CPU interpreter, which replaces ``@triton.jit`` functions with interpreted ones.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from anyfp4.kernels.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kernel, splitk_reduce_kernel
+from anyfp4.kernels.nvfp4_dequant import nvfp4_dequant_kernel
+
+ARCHS = [70, 75, 80, 86, 89, 90]
+
+
+def decode_signature(act):
+    return {"x_ptr": f"*{act}", "codes_ptr": "*i32", "scales_ptr": "*u8", "gscale_ptr": "*fp32",
+            "bias_ptr": f"*{act}", "out_ptr": f"*{act}", "partial_ptr": "*fp32", "M": "i32", "K": "i32",
+            "N_OUT": "i32", "UP_OFFSET": "i32", "X_ROWS": "i32", "K_ITERS": "i32", "stride_xm": "i32",
+            "stride_c": "i32", "stride_s": "i32", "stride_om": "i32"}
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, HAS_BIAS, GATED, X_PACKED): every flag value appears at least once
+DECODE_VARIANTS = [(16, 64, 256, 1, True, False, False), (32, 128, 128, 4, False, True, True),
+                   (16, 32, 256, 2, False, False, True)]
+
+
+def compile_for(fn, signature, constexprs, cc, num_warps=4):
+    sig = dict(signature)
+    sig.update({k: "constexpr" for k in constexprs})
+    src = ASTSource(fn, sig, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": num_warps, "num_stages": 3})
+
+
+def acts(cc):
+    return ["fp16", "bf16"] if cc >= 80 else ["fp16"]
+
+
+def decode_kernels_compile(cc):
+    for act in acts(cc):
+        for bm, bn, bk, split, bias, gated, packed in DECODE_VARIANTS:
+            k = compile_for(nvfp4_decode_kernel, decode_signature(act),
+                            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "HAS_BIAS": bias,
+                             "GATED": gated, "X_PACKED": packed, "INTERPRET": False}, cc)
+            assert len(k.asm["cubin"]) > 0
+            sass_arch = k.asm["ptx"]
+            assert f".target sm_{cc}" in sass_arch
+            assert "cvt.rn.f16x2.e4m3x2" not in sass_arch and "e2m1" not in sass_arch  # integer decoding only
+
+
+def support_kernels_compile(cc):
+    for act in acts(cc):
+        reduce_sig = {"partial_ptr": "*fp32", "gscale_ptr": "*fp32", "bias_ptr": f"*{act}", "out_ptr": f"*{act}",
+                      "M": "i32", "N_OUT": "i32", "stride_om": "i32"}
+        for gated in (False, True):
+            compile_for(splitk_reduce_kernel, reduce_sig, {"SPLIT_K": 4, "BLOCK_R": 256, "HAS_BIAS": not gated,
+                                                           "GATED": gated, "INTERPRET": False}, cc)
+        compile_for(act_block_pack_kernel, {"x_ptr": f"*{act}", "xp_ptr": f"*{act}", "M": "i32", "K": "i32",
+                                            "stride_xm": "i32", "X_ROWS": "i32"}, {"BLOCK_G": 16}, cc)
+        compile_for(nvfp4_dequant_kernel, {"codes_ptr": "*i32", "scales_ptr": "*u8", "gscale_ptr": "*fp32",
+                                           "out_ptr": f"*{act}", "N": "i32", "K": "i32", "ROW0": "i32",
+                                           "stride_c": "i32", "stride_s": "i32", "stride_on": "i32"},
+                    {"BLOCK_N": 32, "BLOCK_K": 128, "INTERPRET": False}, cc)
+
+
+@pytest.mark.parametrize("cc", ARCHS)
+def test_all_kernels_compile(cc):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, __file__, str(cc)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip() == f"compiled for sm_{cc}"
+
+
+if __name__ == "__main__":
+    arch = int(sys.argv[1])
+    decode_kernels_compile(arch)
+    support_kernels_compile(arch)
+    print(f"compiled for sm_{arch}")

@@ -1,0 +1,88 @@
+"""Triton kernels against the formats/ reference, on fresh random inputs, outputs poisoned first.
+Run by Triton's CPU interpreter without a GPU (tiny sizes), natively with one."""
+
+import pytest
+import torch
+
+from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
+from anyfp4.kernels.nvfp4_decode import DecodeConfig, nvfp4_decode_gemm
+from anyfp4.kernels.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm
+from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated
+
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+def random_weight(n, k, gen, device, global_scale=None):
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen).to(device)
+    scales = torch.randint(0, 0x7E, (n, k // 16), dtype=torch.uint8, generator=gen).to(device)
+    gs = torch.rand((), generator=gen) * 1e-2 + 1e-4 if global_scale is None else global_scale
+    return NVFP4Weight(packed, scales.view(torch.float8_e4m3fn), gs.to(device))
+
+
+def tolerance(dtype):
+    return 2e-3 if dtype == torch.float16 else 8e-3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n, k", [(72, 272), (40, 16)])
+def test_dequant_bit_exact(device, dtype, n, k):
+    gen = torch.Generator().manual_seed(n * k)
+    w = random_weight(n, k, gen, device)
+    out = torch.full((n, k), float("nan"), dtype=dtype, device=device)
+    nvfp4_dequantize(prepack_nvfp4(w), dtype, out)
+    assert torch.equal(out, dequantize_nvfp4(w).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 5, 17])
+@pytest.mark.parametrize("config", [DecodeConfig(32, 256, 1), DecodeConfig(64, 128, 2)])
+def test_decode_matches_reference_pack_on_off(device, dtype, m, config):
+    n, k = 72, 528  # neither a tile multiple
+    gen = torch.Generator().manual_seed(m)
+    w = random_weight(n, k, gen, device)
+    p = prepack_nvfp4(w)
+    x = torch.randn(m, k, generator=gen).to(dtype).to(device)
+    bias = torch.randn(n, generator=gen).to(dtype).to(device)
+    ref = x.float() @ dequantize_nvfp4(w).t() + bias.float()
+    outs = []
+    for pack in (False, True):
+        out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+        y = nvfp4_decode_gemm(x, p, bias, config, act_pack=pack, out=out)
+        assert not torch.isnan(y).any()
+        err = ((y.float() - ref).norm() / ref.norm()).item()
+        assert err < tolerance(dtype), err
+        outs.append(y)
+    assert torch.equal(outs[0], outs[1])  # the activation block-pack is pure data movement
+    assert torch.equal(outs[0], nvfp4_decode_gemm(x, p, bias, config))  # deterministic
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_decode_and_prefill(device, dtype):
+    n, k = 40, 272
+    gen = torch.Generator().manual_seed(7)
+    gate = random_weight(n, k, gen, device)
+    up = random_weight(n, k, gen, device, global_scale=gate.global_scale.cpu())
+    p = prepack_nvfp4_gated(gate, up)
+    for m, split in ((3, 1), (3, 2)):
+        x = torch.randn(m, k, generator=gen).to(dtype).to(device)
+        ref = torch.nn.functional.silu(x.float() @ dequantize_nvfp4(gate).t()) * (x.float() @ dequantize_nvfp4(up).t())
+        y = nvfp4_decode_gemm(x, p, None, DecodeConfig(32, 128, split))
+        assert y.shape == (m, n)
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 2 * tolerance(dtype)
+    if device.type == "cuda":  # prefill uses cuBLAS
+        x = torch.randn(64, k, generator=gen).to(dtype).to(device)
+        ref = torch.nn.functional.silu(x.float() @ dequantize_nvfp4(gate).t()) * (x.float() @ dequantize_nvfp4(up).t())
+        y = nvfp4_prefill_gemm(x, p, None)
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 2 * tolerance(dtype)
+
+
+def test_large_fp16_activations_stay_finite(device):
+    n, k = 32, 256
+    gen = torch.Generator().manual_seed(3)
+    w = random_weight(n, k, gen, device, global_scale=torch.tensor(1e-5))
+    x = ((torch.rand(2, k, generator=gen) * 2 - 1) * 6e4).to(torch.float16).to(device)
+    ref = x.float() @ dequantize_nvfp4(w).t()
+    assert ref.abs().max() < 6e4  # the true result is finite in fp16
+    y = nvfp4_decode_gemm(x, prepack_nvfp4(w), None, DecodeConfig(32, 256, 1))
+    assert torch.isfinite(y).all()
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 2e-3

@@ -1,0 +1,131 @@
+"""The op boundary: torch.ops.anyfp4.* on CPU (reference) and CUDA (kernels, M dispatch inside)."""
+
+import pytest
+import torch
+
+import anyfp4.ops  # noqa: F401  (registers the ops)
+from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
+from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def random_weight(n, k, seed, device="cpu", gs=None):
+    g = torch.Generator().manual_seed(seed)
+    return NVFP4Weight(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g).to(device),
+                       torch.randint(0, 0x7E, (n, k // 16), dtype=torch.uint8, generator=g).view(
+                           torch.float8_e4m3fn).to(device),
+                       (torch.tensor(3e-3) if gs is None else gs).to(device))
+
+
+def args(p, bias=None):
+    return (p.codes, p.scales, p.global_scale, bias, p.out_features, p.in_features)
+
+
+def reference(x, w, bias=None):
+    y = x.float() @ dequantize_nvfp4(w).t()
+    return y + bias.float() if bias is not None else y
+
+
+def test_cpu_op_is_the_reference():
+    w = random_weight(48, 64, 0)
+    p = prepack_nvfp4(w)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    bias = torch.randn(48, dtype=torch.bfloat16)
+    y = torch.ops.anyfp4.nvfp4_linear(x, *args(p, bias))
+    assert y.shape == (2, 3, 48) and y.dtype == torch.bfloat16
+    assert torch.equal(y, reference(x, w, bias).to(torch.bfloat16))
+
+
+def test_opcheck_cpu():
+    w = random_weight(48, 64, 1)
+    p = prepack_nvfp4(w)
+    x = torch.randn(5, 64, dtype=torch.float16)
+    torch.library.opcheck(torch.ops.anyfp4.nvfp4_linear, (x, *args(p, torch.randn(48, dtype=torch.float16))))
+    gate, up = random_weight(32, 64, 2), random_weight(32, 64, 3)
+    pg = prepack_nvfp4_gated(gate, up)
+    torch.library.opcheck(torch.ops.anyfp4.nvfp4_gated,
+                          (x, pg.codes, pg.scales, pg.global_scale, pg.up_offset, pg.out_features, pg.in_features))
+
+
+def test_compile_fullgraph_dynamic_cpu():
+    w = random_weight(48, 64, 4)
+    p = prepack_nvfp4(w)
+
+    def f(x):
+        return torch.ops.anyfp4.nvfp4_linear(x, *args(p)) * 2
+
+    cf = torch.compile(f, fullgraph=True, dynamic=True, backend="aot_eager")
+    for m in (1, 512):
+        x = torch.randn(m, 64, dtype=torch.bfloat16)
+        assert torch.equal(cf(x), f(x))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda x, a: (x.float().to(torch.float64), *a), "float16 or bfloat16"),
+    (lambda x, a: (x[:, :32], *a), "x has 32 features, the weight expects 64"),
+    (lambda x, a: (x, a[0].view(torch.uint8), *a[1:]), "2-D int32 prepack"),
+    (lambda x, a: (x, a[0], a[1][:, :1], *a[2:]), "do not match codes"),
+    (lambda x, a: (x, *a[:2], a[2].double(), *a[3:]), "one float32 value"),
+    (lambda x, a: (x, *a[:3], torch.zeros(3, dtype=x.dtype), *a[4:]), "bias must have shape \\(48,\\)"),
+])
+def test_bad_arguments_are_clear(bad, message):
+    p = prepack_nvfp4(random_weight(48, 64, 5))
+    x = torch.randn(2, 64, dtype=torch.float16)
+    with pytest.raises((ValueError, TypeError), match=message):
+        torch.ops.anyfp4.nvfp4_linear(*bad(x, args(p)))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_dispatch_decode_and_prefill(dtype):
+    w = random_weight(4120, 1552, 6, "cuda")
+    p = prepack_nvfp4(w)
+    for m in (1, 8, 32, 33, 512):
+        x = torch.randn(m, 1552, device="cuda", dtype=dtype)
+        y = torch.ops.anyfp4.nvfp4_linear(x, *args(p))
+        ref = reference(x, w)
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 8e-3
+
+
+@gpu
+def test_compile_warm_at_1_then_prefill_at_512():
+    w = random_weight(4096, 4096, 7, "cuda")
+    p = prepack_nvfp4(w)
+    cf = torch.compile(lambda x: torch.ops.anyfp4.nvfp4_linear(x, *args(p)), fullgraph=True, dynamic=True)
+    for m in (1, 512):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        y = cf(x)
+        ref = reference(x, w)
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 8e-3
+
+
+@gpu
+def test_cuda_graph_capture_and_replay():
+    w = random_weight(4096, 4096, 8, "cuda")
+    p = prepack_nvfp4(w)
+    x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
+    y = torch.ops.anyfp4.nvfp4_linear(x, *args(p))  # warm up (compiles the kernel)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = torch.ops.anyfp4.nvfp4_linear(x, *args(p))
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.ops.anyfp4.nvfp4_linear(x, *args(p)))
+    assert not torch.equal(out, y)
+
+
+@gpu
+def test_act_pack_switch_read_inside_the_op(monkeypatch):
+    w = random_weight(4096, 4096, 9, "cuda")
+    p = prepack_nvfp4(w)
+    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    outs = {}
+    for mode in ("0", "1", "auto"):
+        monkeypatch.setenv("ANYFP4_ACT_PACK", mode)
+        outs[mode] = torch.ops.anyfp4.nvfp4_linear(x, *args(p))
+    assert torch.equal(outs["0"], outs["1"]) and torch.equal(outs["0"], outs["auto"])
+    monkeypatch.setenv("ANYFP4_ACT_PACK", "sometimes")
+    with pytest.raises(ValueError, match="ANYFP4_ACT_PACK"):
+        torch.ops.anyfp4.nvfp4_linear(x, *args(p))
