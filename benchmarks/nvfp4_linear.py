@@ -97,7 +97,7 @@ def check_correctness(device, report: dict) -> None:
     results = []
     failures = []
     gen = torch.Generator(device=device).manual_seed(1234)
-    for (n, k), dtype in itertools.product([(4120, 1552), (4096, 4096), (1000, 4352)], [torch.float16, torch.bfloat16]):
+    for (n, k), dtype in itertools.product([(4120, 1552), (4096, 4096)], [torch.float16, torch.bfloat16]):
         w = random_nvfp4(n, k, device)
         p = prepack_nvfp4(w)
         wd = dequantize_nvfp4(w)
@@ -115,8 +115,8 @@ def check_correctness(device, report: dict) -> None:
             gref = torch.nn.functional.silu(x.float() @ gd.t()) * (x.float() @ ud.t())
             tol = 2e-3 if dtype == torch.float16 else 8e-3
             if m <= 32:
-                cfgs = [heuristic_config(n, p.codes.shape[1] * 8, torch.cuda.get_device_properties(device).multi_processor_count),
-                        DecodeConfig(32, 128, 1), DecodeConfig(128, 256, 4 if (p.codes.shape[1] * 8 // 256) % 4 == 0 else 1)]
+                sms = torch.cuda.get_device_properties(device).multi_processor_count
+                cfgs = [heuristic_config(n, p.codes.shape[1] * 8, sms), DecodeConfig(128, 128, 1)]
                 for cfg in cfgs:
                     outs = []
                     for pack in (False, True):
@@ -258,6 +258,7 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true", help="sweep launch configs per shape and M")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument("--correctness-only", action="store_true")
     args = ap.parse_args()
     OUT_PATH = Path(args.out)
     device = torch.device("cuda")
@@ -272,6 +273,8 @@ def main() -> None:
     if not args.skip_correctness:
         check_correctness(device, report)
         save(report)
+    if args.correctness_only:
+        return
     bench_shapes(device, report, args.tune, args.quick)
     bench_gated(device, report)
     save(report)

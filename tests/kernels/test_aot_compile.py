@@ -23,13 +23,13 @@ ARCHS = [70, 75, 80, 86, 89, 90]
 def decode_signature(act):
     return {"x_ptr": f"*{act}", "codes_ptr": "*i32", "scales_ptr": "*u8", "gscale_ptr": "*fp32",
             "bias_ptr": f"*{act}", "out_ptr": f"*{act}", "partial_ptr": "*fp32", "M": "i32", "K": "i32",
-            "N_OUT": "i32", "UP_OFFSET": "i32", "X_ROWS": "i32", "K_ITERS": "i32", "stride_xm": "i32",
+            "N_OUT": "i32", "UP_OFFSET": "i32", "X_ROWS": "i32", "K_ITERS": "i32", "SPLIT_K": "i32", "stride_xm": "i32",
             "stride_c": "i32", "stride_s": "i32", "stride_om": "i32"}
 
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, HAS_BIAS, GATED, X_PACKED): every flag value appears at least once
-DECODE_VARIANTS = [(16, 64, 256, 1, True, False, False), (32, 128, 128, 4, False, True, True),
-                   (16, 32, 256, 2, False, False, True)]
+# (BLOCK_M, BLOCK_N, BLOCK_K, USE_PARTIAL, HAS_BIAS, GATED, X_PACKED): every flag value appears at least once
+DECODE_VARIANTS = [(16, 64, 256, False, True, False, False), (32, 128, 128, True, False, True, True),
+                   (16, 32, 256, True, False, False, True)]
 
 
 def compile_for(fn, signature, constexprs, cc, num_warps=4):
@@ -47,7 +47,7 @@ def decode_kernels_compile(cc):
     for act in acts(cc):
         for bm, bn, bk, split, bias, gated, packed in DECODE_VARIANTS:
             k = compile_for(nvfp4_decode_kernel, decode_signature(act),
-                            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "HAS_BIAS": bias,
+                            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "USE_PARTIAL": split, "HAS_BIAS": bias,
                              "GATED": gated, "X_PACKED": packed, "INTERPRET": False}, cc)
             assert len(k.asm["cubin"]) > 0
             sass_arch = k.asm["ptx"]
@@ -58,9 +58,9 @@ def decode_kernels_compile(cc):
 def support_kernels_compile(cc):
     for act in acts(cc):
         reduce_sig = {"partial_ptr": "*fp32", "gscale_ptr": "*fp32", "bias_ptr": f"*{act}", "out_ptr": f"*{act}",
-                      "M": "i32", "N_OUT": "i32", "stride_om": "i32"}
+                      "M": "i32", "N_OUT": "i32", "stride_om": "i32", "SPLIT_K": "i32"}
         for gated in (False, True):
-            compile_for(splitk_reduce_kernel, reduce_sig, {"SPLIT_K": 4, "BLOCK_R": 256, "HAS_BIAS": not gated,
+            compile_for(splitk_reduce_kernel, reduce_sig, {"BLOCK_R": 256, "HAS_BIAS": not gated,
                                                            "GATED": gated, "INTERPRET": False}, cc)
         compile_for(act_block_pack_kernel, {"x_ptr": f"*{act}", "xp_ptr": f"*{act}", "M": "i32", "K": "i32",
                                             "stride_xm": "i32", "X_ROWS": "i32"}, {"BLOCK_G": 16}, cc)

@@ -99,16 +99,16 @@ def nvfp4_decode_kernel(
     # pointers
     x_ptr, codes_ptr, scales_ptr, gscale_ptr, bias_ptr, out_ptr, partial_ptr,
     # sizes
-    M, K, N_OUT, UP_OFFSET, X_ROWS, K_ITERS,
+    M, K, N_OUT, UP_OFFSET, X_ROWS, K_ITERS, SPLIT_K,
     # strides
     stride_xm, stride_c, stride_s, stride_om,
     # meta-parameters
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PARTIAL: tl.constexpr,
     HAS_BIAS: tl.constexpr, GATED: tl.constexpr, X_PACKED: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """x: (M, K) fp16/bf16 row-major, or block-packed (X_PACKED); codes/scales: prepack layout;
     out: (M, N_OUT). GATED: gate rows [0, N_OUT), up rows [UP_OFFSET, UP_OFFSET + N_OUT).
-    partial (SPLIT_K > 1): (SPLIT_K, M, N_OUT * (2 if GATED else 1)) float32."""
+    USE_PARTIAL (SPLIT_K > 1): sums go to partial (SPLIT_K, M, N_OUT * (2 if GATED else 1)) float32."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -124,7 +124,7 @@ def nvfp4_decode_kernel(
             wu = _decode_weight_tile(codes_ptr, scales_ptr, offs_n + UP_OFFSET, k0, stride_c, stride_s,
                                      BLOCK_N, BLOCK_K)
             acc_up += _dot(x, wu, INTERPRET)
-    if SPLIT_K == 1:
+    if not USE_PARTIAL:
         _epilogue(acc, acc_up, offs_m, offs_n, M, N_OUT, gscale_ptr, bias_ptr, out_ptr, stride_om, HAS_BIAS, GATED,
                   INTERPRET)
     else:
@@ -137,8 +137,8 @@ def nvfp4_decode_kernel(
 
 
 @triton.jit
-def splitk_reduce_kernel(partial_ptr, gscale_ptr, bias_ptr, out_ptr, M, N_OUT, stride_om,
-                         SPLIT_K: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
+def splitk_reduce_kernel(partial_ptr, gscale_ptr, bias_ptr, out_ptr, M, N_OUT, stride_om, SPLIT_K,
+                         BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
                          GATED: tl.constexpr, INTERPRET: tl.constexpr):
     """Sum the SPLIT_K fp32 partials of each output in the fixed order 0..SPLIT_K-1, then the epilogue."""
     m = tl.program_id(1)
@@ -147,7 +147,7 @@ def splitk_reduce_kernel(partial_ptr, gscale_ptr, bias_ptr, out_ptr, M, N_OUT, s
     width = N_OUT * (2 if GATED else 1)
     acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
+    for s in range(0, SPLIT_K):
         row = partial_ptr + s * M * width + m * width
         acc += tl.load(row + offs_n, mask=mask, other=0.0)
         if GATED:
@@ -205,17 +205,17 @@ def nvfp4_decode_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | N
     bias_arg = bias if bias is not None else out
     nvfp4_decode_kernel[(n_tiles, c.split_k)](
         xk, w.codes, w.scales, w.global_scale, bias_arg, out, partial,
-        m, k, n_out, w.up_offset, x_rows, k_tiles // c.split_k,
+        m, k, n_out, w.up_offset, x_rows, k_tiles // c.split_k, c.split_k,
         stride_xm, w.codes.stride(0), w.scales.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
+        BLOCK_M=block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_PARTIAL=c.split_k > 1,
         HAS_BIAS=bias is not None, GATED=gated, X_PACKED=act_pack, INTERPRET=triton_interpret(),
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
     if c.split_k > 1:
         block_r = 256
         splitk_reduce_kernel[(triton.cdiv(n_out, block_r), m)](
-            partial, w.global_scale, bias_arg, out, m, n_out, out.stride(0),
-            SPLIT_K=c.split_k, BLOCK_R=block_r, HAS_BIAS=bias is not None, GATED=gated, INTERPRET=triton_interpret(),
+            partial, w.global_scale, bias_arg, out, m, n_out, out.stride(0), c.split_k,
+            BLOCK_R=block_r, HAS_BIAS=bias is not None, GATED=gated, INTERPRET=triton_interpret(),
             num_warps=4,
         )
     return out
