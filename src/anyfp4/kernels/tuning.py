@@ -9,13 +9,72 @@ import torch
 
 from .nvfp4_decode import DecodeConfig
 
-# (sm, K, N, M-bucket) -> DecodeConfig, from benchmarks/nvfp4_linear.py --tune on that GPU.
-# M-buckets: 1, 2, 4, 8, 16, 32 (a decode call uses the smallest bucket >= M).
-LAUNCH_TABLE: dict[tuple[int, int, int, int], DecodeConfig] = {}
+# (sm, K, N, M-bucket) -> DecodeConfig, from `benchmarks/nvfp4_linear.py --tune` on that GPU
+# (sm_90: one H200, benchmarks/results/nvfp4_linear_h200.json). M-buckets: 1, 2, 4, 8, 16, 32; a
+# decode call uses the smallest bucket >= M.
+LAUNCH_TABLE: dict[tuple[int, int, int, int], DecodeConfig] = {
+    (90, 4096, 4096, 1): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 4096, 4096, 2): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 4096, 4096, 4): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 4096, 4096, 8): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 4096, 4096, 16): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 4096, 4096, 32): DecodeConfig(32, 128, 4, 4, 3),
+    (90, 4096, 14336, 1): DecodeConfig(64, 128, 32, 4, 3),
+    (90, 4096, 14336, 2): DecodeConfig(64, 128, 4, 4, 3),
+    (90, 4096, 14336, 4): DecodeConfig(64, 128, 4, 4, 3),
+    (90, 4096, 14336, 8): DecodeConfig(64, 128, 4, 4, 3),
+    (90, 4096, 14336, 16): DecodeConfig(64, 128, 4, 4, 3),
+    (90, 4096, 14336, 32): DecodeConfig(32, 128, 2, 4, 3),
+    (90, 14336, 4096, 1): DecodeConfig(64, 128, 16, 4, 3),
+    (90, 14336, 4096, 2): DecodeConfig(64, 128, 16, 4, 3),
+    (90, 14336, 4096, 4): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 14336, 4096, 8): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 14336, 4096, 16): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 14336, 4096, 32): DecodeConfig(128, 128, 8, 4, 3),
+    (90, 5120, 3584, 1): DecodeConfig(32, 128, 8, 4, 3),
+    (90, 5120, 3584, 2): DecodeConfig(32, 128, 8, 4, 3),
+    (90, 5120, 3584, 4): DecodeConfig(32, 128, 8, 4, 3),
+    (90, 5120, 3584, 8): DecodeConfig(32, 128, 8, 4, 3),
+    (90, 5120, 3584, 16): DecodeConfig(32, 128, 8, 4, 3),
+    (90, 5120, 3584, 32): DecodeConfig(32, 128, 8, 4, 3),
+    (90, 5120, 8704, 1): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 5120, 8704, 2): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 5120, 8704, 4): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 5120, 8704, 8): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 5120, 8704, 16): DecodeConfig(64, 128, 8, 4, 3),
+    (90, 5120, 8704, 32): DecodeConfig(32, 128, 8, 4, 3),
+    (90, 1536, 5120, 1): DecodeConfig(64, 256, 6, 4, 3),
+    (90, 1536, 5120, 2): DecodeConfig(64, 128, 4, 4, 3),
+    (90, 1536, 5120, 4): DecodeConfig(64, 128, 4, 4, 3),
+    (90, 1536, 5120, 8): DecodeConfig(32, 128, 4, 4, 3),
+    (90, 1536, 5120, 16): DecodeConfig(64, 128, 4, 4, 3),
+    (90, 1536, 5120, 32): DecodeConfig(32, 128, 4, 4, 3),
+    (90, 4352, 5120, 1): DecodeConfig(64, 256, 17, 4, 3),
+    (90, 4352, 5120, 2): DecodeConfig(64, 256, 17, 4, 3),
+    (90, 4352, 5120, 4): DecodeConfig(64, 256, 17, 4, 3),
+    (90, 4352, 5120, 8): DecodeConfig(64, 256, 17, 4, 3),
+    (90, 4352, 5120, 16): DecodeConfig(64, 256, 17, 4, 3),
+    (90, 4352, 5120, 32): DecodeConfig(64, 256, 17, 4, 3),
+    (90, 5120, 62080, 1): DecodeConfig(64, 128, 2, 4, 3),
+    (90, 5120, 62080, 2): DecodeConfig(64, 128, 2, 4, 3),
+    (90, 5120, 62080, 4): DecodeConfig(64, 128, 2, 4, 3),
+    (90, 5120, 62080, 8): DecodeConfig(64, 128, 2, 4, 3),
+    (90, 5120, 62080, 16): DecodeConfig(64, 128, 2, 4, 3),
+    (90, 5120, 62080, 32): DecodeConfig(32, 128, 1, 4, 3),
+    (90, 8192, 28672, 1): DecodeConfig(64, 128, 4, 4, 3),
+    (90, 8192, 28672, 2): DecodeConfig(64, 128, 4, 4, 3),
+    (90, 8192, 28672, 4): DecodeConfig(64, 128, 4, 4, 3),
+    (90, 8192, 28672, 8): DecodeConfig(64, 128, 4, 4, 3),
+    (90, 8192, 28672, 16): DecodeConfig(64, 128, 4, 4, 3),
+    (90, 8192, 28672, 32): DecodeConfig(32, 128, 1, 4, 3),
+}
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32)
-# Activation block-pack pays from these M on (sm -> first M); sm_70 / sm_75 from the measurements
-# of the hand-written kernels this design comes from, the others from H200 runs of this kernel.
+# Activation block-pack pays from these M on (sm -> first M). sm_70 / sm_75: the measurements of
+# the hand-written kernels this design comes from. sm_90: never — on the H200 the packed variant
+# was slower at every M and shape measured (54 of 54 cases, nvfp4_linear_h200.json), because
+# this kernel loads an activation tile row by row into shared memory either way. Other GPUs: off
+# until measured.
 ACT_PACK_FROM_M = {70: 8, 75: 7}
 
 
