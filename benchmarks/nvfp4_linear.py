@@ -2,7 +2,8 @@
 
     python benchmarks/nvfp4_linear.py --out results.json [--tune] [--quick]
 
-Every timing is the median of CUDA-graph replays of R back-to-back calls that rotate over enough
+The NVFP4 column times the production op (``torch.ops.anyfp4.*``, its own M dispatch); with
+``--tune`` the decode kernel's launch configs are swept per shape and M as well. Every timing is the median of CUDA-graph replays of R back-to-back calls that rotate over enough
 weight copies to exceed the L2 cache several times (random codes and scales, never zeros).
 Columns: us per call, effective GB/s (codes + scales + activations + output), % of the
 device-to-device copy bandwidth measured in the same run, and speed-up over bf16 F.linear
@@ -28,6 +29,7 @@ from anyfp4.kernels.nvfp4_decode import DecodeConfig, nvfp4_decode_gemm  # noqa:
 from anyfp4.kernels.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm  # noqa: E402
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
 from anyfp4.kernels.tuning import heuristic_config  # noqa: E402
+from anyfp4.ops import linear as nvfp4_op  # noqa: E402
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (3584, 5120), (8704, 5120), (5120, 1536), (5120, 4352),
           (62080, 5120), (28672, 8192)]
@@ -171,7 +173,7 @@ def candidate_configs(k_pad: int):
                 yield DecodeConfig(block_n, block_k, split, 4, 3)
 
 
-def bench_shapes(device, report: dict, tune: bool, quick: bool) -> None:
+def bench_shapes(device, report: dict, tune: bool, quick: bool, ms: list[int]) -> None:
     bw = report["copy_bandwidth_Bps"]
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     dtype = torch.bfloat16
@@ -184,26 +186,25 @@ def bench_shapes(device, report: dict, tune: bool, quick: bool) -> None:
         bf_copies = max(2, int(ROTATE_BYTES // (n * k * 2)) + 1)
         wbf = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(bf_copies)]
         k_pad = ws[0].codes.shape[1] * 8
-        for m in DECODE_M + ([] if quick else PREFILL_M):
+        for m in ms:
             x = torch.randn(m, k, device=device, dtype=dtype)
             t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wbf[i % bf_copies]))
             entry = {"n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6}
-            if m <= 32:
-                heur = heuristic_config(n, k_pad, sms)
-                best_cfg, best_t = heur, graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, heur))
-                entry["heuristic_us"] = best_t * 1e6
+            t_op = graph_time(lambda i: nvfp4_op(x, ws[i % copies]), reps=20 if m <= 32 else 5)
+            best_t = t_op
+            entry.update(nvfp4_us=t_op * 1e6, path="gemv" if m == 1 else "decode" if m <= 32 else "dequant+cublas")
+            if 2 <= m <= 32:
+                cfg = heuristic_config(n, k_pad, sms)
                 if tune:
-                    for cfg in candidate_configs(k_pad):
-                        t = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, cfg), reps=10, trials=3)
-                        if t < best_t:
-                            best_cfg, best_t = cfg, t
-                    best_t = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, best_cfg))
+                    best_cfg, best_ct = cfg, graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, cfg))
+                    for c in candidate_configs(k_pad):
+                        t = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, c), reps=10, trials=3)
+                        if t < best_ct:
+                            best_cfg, best_ct = c, t
                     table[f"{k},{n},{m}"] = best_cfg.__dict__
-                t_pack = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, best_cfg, act_pack=True))
-                entry.update(nvfp4_us=best_t * 1e6, pack_us=t_pack * 1e6, config=best_cfg.__dict__)
-            else:
-                best_t = graph_time(lambda i: nvfp4_prefill_gemm(x, ws[i % copies], None), reps=5, trials=5)
-                entry.update(nvfp4_us=best_t * 1e6, path="dequant+cublas")
+                    cfg = best_cfg
+                t_pack = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, cfg, act_pack=True))
+                entry.update(pack_us=t_pack * 1e6, config=cfg.__dict__)
             moved = nbytes_w + m * k * 2 + m * n * 2
             entry.update(gbps=moved / best_t / 1e9, pct_copy=100 * moved / best_t / bw, speedup=t_bf16 / best_t)
             rows.append(entry)
@@ -219,14 +220,17 @@ def bench_shapes(device, report: dict, tune: bool, quick: bool) -> None:
 
 
 def bench_gated(device, report: dict) -> None:
+    """gate+up 2 x 14336 x 4096 through torch.ops.anyfp4.nvfp4_gated vs one bf16 F.linear of the
+    concatenated weight + SiLU * mul."""
     n, k = 14336, 4096
     dtype = torch.bfloat16
     copies = 4
-    ws = [prepack_nvfp4_gated(random_nvfp4(n, k, device), random_nvfp4(n, k, device)) for _ in range(copies)]
-    # same global scale for the pair
+    ws = []
+    for _ in range(copies):
+        gate, up = random_nvfp4(n, k, device), random_nvfp4(n, k, device)
+        ws.append(prepack_nvfp4_gated(gate, NVFP4Weight(up.packed, up.block_scale, gate.global_scale)))
     wbf = [torch.randn(2 * n, k, device=device, dtype=dtype) * 0.02 for _ in range(3)]
     rows = []
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
     for m in (1, 8, 32):
         x = torch.randn(m, k, device=device, dtype=dtype)
 
@@ -235,12 +239,9 @@ def bench_gated(device, report: dict) -> None:
             return torch.nn.functional.silu(y[:, :n]) * y[:, n:]
 
         t_bf = graph_time(bf16)
-        cfg = heuristic_config(n, ws[0].codes.shape[1] * 8, sms)
-        best = min((graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, c), reps=10, trials=3), c)
-                   for c in [cfg] + list(candidate_configs(ws[0].codes.shape[1] * 8)))
-        t = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, best[1]))
-        rows.append({"m": m, "bf16_us": t_bf * 1e6, "nvfp4_us": t * 1e6, "speedup": t_bf / t, "config": best[1].__dict__})
-        print(f"gated 2x{n}x{k} M={m}: bf16 {t_bf * 1e6:.2f} us  nvfp4 {t * 1e6:.2f} us  x{t_bf / t:.2f} {best[1]}")
+        t = graph_time(lambda i: nvfp4_op(x, ws[i % copies]))
+        rows.append({"m": m, "bf16_us": t_bf * 1e6, "nvfp4_us": t * 1e6, "speedup": t_bf / t})
+        print(f"gated 2x{n}x{k} M={m}: bf16 {t_bf * 1e6:.2f} us  nvfp4 {t * 1e6:.2f} us  x{t_bf / t:.2f}", flush=True)
     report["gated"] = rows
 
 
@@ -259,6 +260,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--correctness-only", action="store_true")
+    ap.add_argument("--ms", type=int, nargs="+", default=DECODE_M + PREFILL_M, help="activation rows to time")
     args = ap.parse_args()
     OUT_PATH = Path(args.out)
     device = torch.device("cuda")
@@ -275,7 +277,7 @@ def main() -> None:
         save(report)
     if args.correctness_only:
         return
-    bench_shapes(device, report, args.tune, args.quick)
+    bench_shapes(device, report, args.tune, args.quick, args.ms)
     bench_gated(device, report)
     save(report)
 

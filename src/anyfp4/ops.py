@@ -6,8 +6,9 @@
   ``silu(x @ Wg^T) * (x @ Wu^T)`` for a gated prepack.
 
 Inside the op (so torch.compile and CUDA graphs never bake a branch in): on CUDA, M = rows of
-``x`` picks the decode kernel (M <= 32, launch table or heuristic, activation block-pack by
-``ANYFP4_ACT_PACK``) or dequantize + cuBLAS (prefill); on the CPU, the pure-torch reference.
+``x`` picks the kernel — M = 1: the GEMV kernel; M <= 32: the tensor-core decode kernel (launch
+table or heuristic, activation block-pack by ``ANYFP4_ACT_PACK``); larger M: dequantize +
+cuBLAS (prefill). On the CPU: the pure-torch reference.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
     from .env import act_pack_mode
     from .kernels.nvfp4_decode import MAX_DECODE_M, nvfp4_decode_gemm
     from .kernels.nvfp4_dequant import nvfp4_prefill_gemm
+    from .kernels.nvfp4_gemv import gemv_heuristic_config, nvfp4_gemv
     from .kernels.tuning import act_pack_auto, decode_config, device_arch
 
     x2 = x.reshape(-1, w.in_features)
@@ -80,14 +82,18 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*x.shape[:-1], w.out_features)
-    if m <= MAX_DECODE_M:
+    bias = bias if not w.gated else None
+    if m == 1:
+        _, sms = device_arch(x.device.index)
+        y = nvfp4_gemv(x2, w, bias, gemv_heuristic_config(w.out_features, w.codes.shape[1] * 8, sms))
+    elif m <= MAX_DECODE_M:
         sm, sms = device_arch(x.device.index)
         mode = act_pack_mode()
         pack = mode == "1" or (mode == "auto" and act_pack_auto(sm, m))
         config = decode_config(sm, sms, w.out_features, w.in_features, w.codes.shape[1] * 8, m)
-        y = nvfp4_decode_gemm(x2, w, bias if not w.gated else None, config, act_pack=pack)
+        y = nvfp4_decode_gemm(x2, w, bias, config, act_pack=pack)
     else:
-        y = nvfp4_prefill_gemm(x2, w, bias if not w.gated else None)
+        y = nvfp4_prefill_gemm(x2, w, bias)
     return y.reshape(*x.shape[:-1], w.out_features)
 
 

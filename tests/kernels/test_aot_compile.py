@@ -16,6 +16,7 @@ from triton.compiler import ASTSource
 
 from anyfp4.kernels.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kernel, splitk_reduce_kernel
 from anyfp4.kernels.nvfp4_dequant import nvfp4_dequant_kernel
+from anyfp4.kernels.nvfp4_gemv import nvfp4_gemv_kernel
 
 ARCHS = [70, 75, 80, 86, 89, 90]
 
@@ -62,6 +63,13 @@ def support_kernels_compile(cc):
         for gated in (False, True):
             compile_for(splitk_reduce_kernel, reduce_sig, {"BLOCK_R": 256, "HAS_BIAS": not gated,
                                                            "GATED": gated, "INTERPRET": False}, cc)
+        gemv_sig = {"x_ptr": f"*{act}", "codes_ptr": "*i32", "scales_ptr": "*u8", "gscale_ptr": "*fp32",
+                    "bias_ptr": f"*{act}", "out_ptr": f"*{act}", "partial_ptr": "*fp32", "K": "i32", "N_OUT": "i32",
+                    "UP_OFFSET": "i32", "K_ITERS": "i32", "stride_c": "i32", "stride_s": "i32"}
+        for use_partial, bias, gated in ((False, True, False), (True, False, True)):
+            compile_for(nvfp4_gemv_kernel, gemv_sig, {"BLOCK_N": 8, "BLOCK_K": 1024, "USE_PARTIAL": use_partial,
+                                                      "HAS_BIAS": bias, "GATED": gated, "INTERPRET": False}, cc,
+                        num_warps=2)
         compile_for(act_block_pack_kernel, {"x_ptr": f"*{act}", "xp_ptr": f"*{act}", "M": "i32", "K": "i32",
                                             "stride_xm": "i32", "X_ROWS": "i32"}, {"BLOCK_G": 16}, cc)
         compile_for(nvfp4_dequant_kernel, {"codes_ptr": "*i32", "scales_ptr": "*u8", "gscale_ptr": "*fp32",

@@ -7,6 +7,7 @@ import torch
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
 from anyfp4.kernels.nvfp4_decode import DecodeConfig, nvfp4_decode_gemm
 from anyfp4.kernels.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm
+from anyfp4.kernels.nvfp4_gemv import gemv_heuristic_config, nvfp4_gemv
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated
 
 DTYPES = [torch.float16, torch.bfloat16]
@@ -86,3 +87,34 @@ def test_large_fp16_activations_stay_finite(device):
     y = nvfp4_decode_gemm(x, prepack_nvfp4(w), None, DecodeConfig(32, 256, 1))
     assert torch.isfinite(y).all()
     assert ((y.float() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", [DecodeConfig(8, 256, 1, 2, 1), DecodeConfig(16, 256, 3, 2, 1), None])
+def test_gemv_matches_reference(device, dtype, config):
+    n, k = 72, 528  # K not a multiple of the K tile: activations are masked, weights padded
+    gen = torch.Generator().manual_seed(11)
+    w = random_weight(n, k, gen, device)
+    p = prepack_nvfp4(w)
+    config = config or gemv_heuristic_config(n, p.codes.shape[1] * 8, 132)
+    x = torch.randn(1, k, generator=gen).to(dtype).to(device)
+    bias = torch.randn(n, generator=gen).to(dtype).to(device)
+    ref = x.float() @ dequantize_nvfp4(w).t() + bias.float()
+    out = torch.full((1, n), float("nan"), dtype=dtype, device=device)
+    y = nvfp4_gemv(x, p, bias, config, out=out)
+    assert not torch.isnan(y).any()
+    assert ((y.float() - ref).norm() / ref.norm()).item() < tolerance(dtype)
+    assert torch.equal(y, nvfp4_gemv(x, p, bias, config))
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_gemv_gated(device, split):
+    n, k = 40, 512
+    gen = torch.Generator().manual_seed(12)
+    gate = random_weight(n, k, gen, device)
+    up = random_weight(n, k, gen, device, global_scale=gate.global_scale.cpu())
+    p = prepack_nvfp4_gated(gate, up)
+    x = torch.randn(1, k, generator=gen).to(torch.float16).to(device)
+    ref = torch.nn.functional.silu(x.float() @ dequantize_nvfp4(gate).t()) * (x.float() @ dequantize_nvfp4(up).t())
+    y = nvfp4_gemv(x, p, None, DecodeConfig(8, 256, split, 2, 1))
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 4e-3
