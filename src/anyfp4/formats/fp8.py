@@ -84,6 +84,10 @@ class FP8Weight:
     def per_channel(self) -> bool:
         return self.scale.dim() > 0
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)
+
 
 def fp8_weight_scale(weight: torch.Tensor, per_channel: bool = False) -> torch.Tensor:
     """``amax / 448`` in float32: one scalar per tensor, or one per output row."""

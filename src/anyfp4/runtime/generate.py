@@ -1,0 +1,102 @@
+"""Prefill + token-by-token decode over the static KV cache; greedy or sampled; stop tokens.
+
+Prompts of different lengths are left-padded: padding slots are masked out of attention and
+each row's rotary positions start at its first real token, so a row's tokens are those it
+would get alone (up to floating-point reduction order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .model import Transformer
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError("top_k must be >= 1")
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """logits (b, vocab) float32 -> next tokens (b,)."""
+    if params.temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / params.temperature
+    if params.top_k is not None:
+        kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p is not None:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_probs.cumsum(dim=-1) - sorted_probs < params.top_p  # always keeps the first
+        sorted_probs = sorted_probs * keep
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: SamplingParams,
+             on_tokens: Callable[[list[int]], None] | None = None) -> list[list[int]]:
+    """New tokens for each prompt (stopping at a stop token, which is included, or at the limit).
+    ``on_tokens`` receives each step's tokens (one per row) as they are produced."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    device = model.device
+    b, longest = len(prompts), max(len(p) for p in prompts)
+    total = longest + params.max_new_tokens
+    limit = model.args.max_position_embeddings
+    if total > limit:
+        raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the model's "
+                         f"context of {limit} tokens")
+    model.setup_caches(b, total)
+    tokens = torch.zeros(b, longest, dtype=torch.long, device=device)
+    valid = torch.zeros(b, total, dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        tokens[i, longest - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        valid[i, longest - len(p):] = True
+    padded = not bool(valid[:, :longest].all())
+    rope = (valid[:, :longest].long().cumsum(-1) - 1).clamp(min=0)
+    generator = None
+    if params.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(params.seed)
+    logits = model(tokens, torch.arange(longest, device=device), rope if padded else None,
+                   valid if padded else None)
+    next_pos = rope[:, -1] + 1
+    out: list[list[int]] = [[] for _ in range(b)]
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    stops = torch.tensor(params.stop_token_ids or [-1], device=device)
+    for step in range(params.max_new_tokens):
+        nxt = sample(logits[:, -1], params, generator)
+        for i, t in enumerate(nxt.tolist()):
+            if not done[i]:
+                out[i].append(t)
+        if on_tokens is not None:
+            on_tokens(nxt.tolist())
+        done |= torch.isin(nxt, stops)
+        if bool(done.all()) or step == params.max_new_tokens - 1:
+            break
+        slot = longest + step
+        valid[:, slot] = True
+        logits = model(nxt[:, None], torch.tensor([slot], device=device),
+                       next_pos[:, None] if padded else None, valid if padded else None)
+        next_pos = next_pos + 1
+    return out

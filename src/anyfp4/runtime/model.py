@@ -1,0 +1,126 @@
+"""One generic decoder for Llama 1/2/3, Mistral, Qwen2/2.5, Qwen3 and SmolLM, with a static KV cache.
+
+RMSNorm, rotary embeddings (HF "rotate half" convention, llama3 scaling), grouped-query
+attention, SwiGLU, tied or untied embeddings, q/k/v biases (Qwen2), q/k RMSNorm (Qwen3). The
+linears are built by the loader (``layers.py``): the model never sees a weight format.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelArgs, rope_inv_freq
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * xf).to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, qkv: nn.Module, o_proj: nn.Module,
+                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
+        super().__init__()
+        self.args = args
+        self.qkv, self.o_proj = qkv, o_proj  # qkv: one fused linear, or a ModuleList of three
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def project(self, x: torch.Tensor):
+        a = self.args
+        if isinstance(self.qkv, nn.ModuleList):
+            return tuple(m(x) for m in self.qkv)
+        return self.qkv(x).split([a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim,
+                                  a.num_kv_heads * a.head_dim], dim=-1)
+
+    def forward(self, x, cos, sin, mask, input_pos):
+        a = self.args
+        b, t, _ = x.shape
+        q, k, v = self.project(x)
+        q = q.view(b, t, a.num_heads, a.head_dim)
+        k = k.view(b, t, a.num_kv_heads, a.head_dim)
+        v = v.view(b, t, a.num_kv_heads, a.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (b, heads, t, hd)
+        q = (q * cos + rotate_half(q) * sin).to(v.dtype)
+        k = (k * cos + rotate_half(k) * sin).to(v.dtype)
+        self.k_cache.index_copy_(2, input_pos, k)
+        self.v_cache.index_copy_(2, input_pos, v)
+        y = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask,
+                                           enable_gqa=a.num_heads != a.num_kv_heads)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, a.num_heads * a.head_dim))
+
+
+class Block(nn.Module):
+    def __init__(self, attn: Attention, mlp: nn.Module, input_norm: RMSNorm, post_norm: RMSNorm):
+        super().__init__()
+        self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
+
+    def forward(self, x, cos, sin, mask, input_pos):
+        h = x + self.attn(self.input_norm(x), cos, sin, mask, input_pos)
+        return h + self.mlp(self.post_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs, embed: torch.Tensor, blocks: list[Block], norm: RMSNorm, lm_head: nn.Module):
+        super().__init__()
+        self.args = args
+        self.register_buffer("embed", embed)
+        self.blocks = nn.ModuleList(blocks)
+        self.norm, self.lm_head = norm, lm_head
+        self.register_buffer("inv_freq", rope_inv_freq(args).to(embed.device), persistent=False)
+        self.max_seq = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def setup_caches(self, batch: int, max_seq: int) -> None:
+        """Allocate the static KV cache for ``batch`` sequences of up to ``max_seq`` tokens."""
+        a = self.args
+        if max_seq > a.max_position_embeddings:
+            raise ValueError(f"{max_seq} tokens exceed the model's context of {a.max_position_embeddings}")
+        shape = (batch, a.num_kv_heads, max_seq, a.head_dim)
+        for blk in self.blocks:
+            blk.attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            blk.attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.max_seq = max_seq
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, rope_pos: torch.Tensor | None = None,
+                key_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (b, t) written to cache slots ``input_pos`` (t,) -> logits (b, t, vocab) in float32.
+
+        Left-padded batches pass ``rope_pos`` (b, t), each row's own positions, and ``key_valid``
+        (b, S), False on padding slots.
+        """
+        x = F.embedding(tokens, self.embed)
+        pos = (input_pos[None, :] if rope_pos is None else rope_pos).float()
+        freqs = pos[..., None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[:, None], emb.sin()[:, None]  # (b or 1, 1, t, hd), float32
+        mask = torch.arange(self.max_seq, device=tokens.device)[None, :] <= input_pos[:, None]  # (t, S)
+        if key_valid is not None:
+            mask = mask[None, None] & key_valid[:, None, None, :]  # (b, 1, t, S)
+        for blk in self.blocks:
+            x = blk(x, cos, sin, mask, input_pos)
+        return self.lm_head(self.norm(x)).float()

@@ -1,0 +1,104 @@
+"""A loaded model with its tokenizer: prompts and chat messages in, streamed text out."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from .generate import SamplingParams, generate
+from .loader import load_model
+from .model import Transformer
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda was asked for, but no CUDA GPU is available")
+    return device
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+    if device.type == "cpu":
+        return torch.float32
+    major, _ = torch.cuda.get_device_capability(device)
+    return torch.bfloat16 if major >= 8 else torch.float16
+
+
+def _stop_ids(path: Path, tokenizer) -> tuple[int, ...]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
+    return tuple(sorted(ids))
+
+
+@dataclass
+class Session:
+    model: Transformer
+    tokenizer: object
+    stop_token_ids: tuple[int, ...]
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "auto", dtype: str = "auto", progress: bool = True) -> "Session":
+        from transformers import AutoTokenizer
+
+        dev = pick_device(device)
+        model, _ = load_model(path, dev, pick_dtype(dtype, dev), progress=progress)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        return cls(model, tokenizer, _stop_ids(Path(path), tokenizer))
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise SystemExit("this checkpoint's tokenizer has no chat template; use `anyfp4 generate` with a raw prompt")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text)["input_ids"]
+
+    def complete(self, prompts: list[list[int]], params: SamplingParams, stream: TextIO | None = None) -> list[str]:
+        """Generate for each prompt; with ``stream`` (one prompt only) print text as it is produced."""
+        params = replace(params, stop_token_ids=params.stop_token_ids or self.stop_token_ids)
+        shown = [""]
+        produced: list[int] = []
+
+        def on_tokens(step: list[int]) -> None:
+            produced.append(step[0])
+            text = self.tokenizer.decode([t for t in produced if t not in params.stop_token_ids],
+                                         skip_special_tokens=True)
+            stream.write(text[len(shown[0]):])
+            stream.flush()
+            shown[0] = text
+
+        out = generate(self.model, prompts, params, on_tokens if stream is not None and len(prompts) == 1 else None)
+        if stream is not None and len(prompts) == 1:
+            stream.write("\n")
+        return [self.tokenizer.decode([t for t in o if t not in params.stop_token_ids], skip_special_tokens=True)
+                for o in out]
+
+
+def chat_loop(session: Session, params: SamplingParams, system: str | None = None,
+              stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> None:
+    """Interactive chat: one user turn per line, the conversation kept; empty line or EOF ends it."""
+    messages = [{"role": "system", "content": system}] if system else []
+    while True:
+        stdout.write("> ")
+        stdout.flush()
+        line = stdin.readline()
+        if not line or not line.strip():
+            return
+        messages.append({"role": "user", "content": line.strip()})
+        reply = session.complete([session.encode_chat(messages)], params, stream=stdout)[0]
+        messages.append({"role": "assistant", "content": reply})

@@ -1,0 +1,81 @@
+import hashlib
+
+import pytest
+import torch
+
+from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
+from anyfp4.cli import main
+from anyfp4.runtime.generate import SamplingParams, generate
+from anyfp4.runtime.loader import load_model
+from helpers import TINY_LLAMA, edit_json, write_float_checkpoint
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gen")
+    src = write_float_checkpoint(root / "src", dict(TINY_LLAMA, num_hidden_layers=2))
+    ckpt = quantize_checkpoint(src, root / "q", QuantizeOptions(format=TargetFormat.MIXED, progress=False)).dst
+    m, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    return m
+
+
+def sha(tokens):
+    return hashlib.sha256(repr(tokens).encode()).hexdigest()
+
+
+def test_greedy_is_deterministic(model):
+    params = SamplingParams(max_new_tokens=24)
+    runs = {sha(generate(model, [[5, 6, 7, 8]], params)) for _ in range(3)}
+    assert len(runs) == 1
+
+
+def test_decode_steps_match_a_full_forward(model):
+    prompt = [3, 9, 27, 81, 17]
+    out = generate(model, [prompt], SamplingParams(max_new_tokens=12))[0]
+    seq = prompt + out
+    model.setup_caches(1, len(seq))
+    with torch.no_grad():
+        logits = model(torch.tensor([seq]), torch.arange(len(seq)))
+    # each generated token is the argmax of the full forward's logits at the previous position
+    assert logits[0, len(prompt) - 1:-1].argmax(-1).tolist() == out
+
+
+def test_left_padded_batch_equals_single_runs(model):
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [11, 12, 13], [42]]
+    params = SamplingParams(max_new_tokens=10)
+    batch = generate(model, prompts, params)
+    assert batch == [generate(model, [p], params)[0] for p in prompts]
+
+
+def test_stop_tokens_end_generation(model):
+    first = generate(model, [[5, 6, 7, 8]], SamplingParams(max_new_tokens=8))[0]
+    stop = first[3]
+    out = generate(model, [[5, 6, 7, 8]], SamplingParams(max_new_tokens=8, stop_token_ids=(stop,)))[0]
+    assert out == first[: first.index(stop) + 1]
+
+
+def test_sampling_is_seeded(model):
+    p = SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=7)
+    a, b = generate(model, [[1, 2, 3]], p), generate(model, [[1, 2, 3]], p)
+    assert a == b
+    greedy = generate(model, [[1, 2, 3]], SamplingParams(max_new_tokens=16))
+    assert generate(model, [[1, 2, 3]], SamplingParams(max_new_tokens=16, temperature=0.7, top_k=1, seed=1)) == greedy
+
+
+def test_prompt_longer_than_context_is_a_clear_error(model):
+    with pytest.raises(ValueError, match="exceeds the model's context of 256 tokens"):
+        generate(model, [list(range(250))], SamplingParams(max_new_tokens=10))
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(model, [[]], SamplingParams())
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+
+
+def test_unsupported_architecture_and_mismatch(tmp_path, capsys):
+    src = write_float_checkpoint(tmp_path / "gpt", dict(TINY_LLAMA, model_type="gpt2", architectures=["GPT2LMHeadModel"]))
+    assert main(["generate", str(src), "--prompt", "hi", "--quiet"]) == 2
+    assert "model_type 'gpt2'" in capsys.readouterr().err
+    bad = write_float_checkpoint(tmp_path / "mismatch")
+    edit_json(bad / "config.json", lambda c: c.update(intermediate_size=128))
+    with pytest.raises(Exception, match="config.json implies 128 x 64: checkpoint and config do not match"):
+        load_model(bad, "cpu", torch.float32, progress=False)

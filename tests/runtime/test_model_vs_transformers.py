@@ -1,0 +1,82 @@
+"""The runner's decoder against transformers on the same (dequantized) weights, CPU, float32.
+
+Teacher-forced: one forward pass over a fixed token sequence; top-1 agreement and logits.
+"""
+
+import pytest
+import torch
+
+from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
+from anyfp4.runtime.loader import load_model
+
+# float32 on the CPU: the same operations as transformers, so the logits agree to rounding noise.
+LOGIT_ATOL = 1e-3
+
+
+def reference_logits(hf_class, float_ckpt, reader, ids):
+    hf = hf_class.from_pretrained(str(float_ckpt), dtype=torch.float32)
+    sd = hf.state_dict()
+    with torch.no_grad():
+        for layer in reader.layers:
+            key = layer.name + ".weight"
+            if key in sd:
+                sd[key].copy_(reader.dequantize(layer))
+        return hf(ids).logits
+
+
+def compare(hf_class, float_ckpt, ckpt, ids, min_top1=0.99):
+    model, reader = load_model(ckpt, "cpu", torch.float32, progress=False)
+    model.setup_caches(1, ids.shape[1])
+    with torch.no_grad():
+        logits = model(ids, torch.arange(ids.shape[1]))
+    ref = reference_logits(hf_class, float_ckpt, reader, ids)
+    top1 = (logits.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    assert top1 >= min_top1, top1
+    assert (logits - ref).abs().max().item() <= LOGIT_ATOL
+    return logits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed"])
+def test_smollm2_teacher_forced(smollm2_bf16, tmp_path, fmt):
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    ckpt = quantize_checkpoint(smollm2_bf16, tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt),
+                                                                              progress=False)).dst
+    tok = AutoTokenizer.from_pretrained(str(smollm2_bf16))
+    text = ("Quantization stores each weight in fewer bits. A 4-bit weight with a shared scale per block of "
+            "sixteen keeps most of the information, and the model still answers questions. ") * 8
+    ids = tok(text, return_tensors="pt").input_ids[:, :256]
+    assert ids.shape[1] == 256
+    compare(LlamaForCausalLM, smollm2_bf16, ckpt, ids)
+
+
+def random_hf_checkpoint(tmp_path, hf_class, config):
+    torch.manual_seed(0)
+    model = hf_class(config).to(torch.bfloat16)
+    model.save_pretrained(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "mistral"])
+def test_architectures_match_transformers(tmp_path, arch):
+    import transformers as tf
+
+    common = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=256, tie_word_embeddings=False)
+    if arch == "llama3":
+        cls, config = tf.LlamaForCausalLM, tf.LlamaConfig(**common, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}, rope_theta=500000.0)
+    elif arch == "qwen2":
+        cls, config = tf.Qwen2ForCausalLM, tf.Qwen2Config(**common)
+    elif arch == "qwen3":
+        cls, config = tf.Qwen3ForCausalLM, tf.Qwen3Config(**common, head_dim=32)
+    else:
+        cls, config = tf.MistralForCausalLM, tf.MistralConfig(**common)
+    config.architectures = [cls.__name__]
+    src = random_hf_checkpoint(tmp_path / "src", cls, config)
+    ids = torch.randint(0, 512, (1, 160), generator=torch.Generator().manual_seed(1))
+    compare(cls, src, src, ids, min_top1=1.0)  # the float checkpoint itself
+    q = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(format=TargetFormat.MIXED, progress=False)).dst
+    compare(cls, src, q, ids, min_top1=1.0)

@@ -1,0 +1,31 @@
+"""End to end on SmolLM2-135M-Instruct (real weights), CPU: chat template, streaming, the demo."""
+
+import io
+
+import pytest
+
+from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
+from anyfp4.cli import main
+from anyfp4.runtime.generate import SamplingParams
+from anyfp4.runtime.session import Session, chat_loop
+
+
+@pytest.mark.slow
+def test_chat_answers_through_the_template(smollm2_bf16, tmp_path):
+    ckpt = quantize_checkpoint(smollm2_bf16, tmp_path / "fp8", QuantizeOptions(format=TargetFormat.FP8,
+                                                                                progress=False)).dst
+    session = Session.load(ckpt, "cpu", "fp32", progress=False)
+    assert session.stop_token_ids  # eos from the tokenizer / generation config
+    out = io.StringIO()
+    chat_loop(session, SamplingParams(max_new_tokens=24), stdin=io.StringIO("What is the capital of France?\n\n"),
+              stdout=out)
+    assert "Paris" in out.getvalue()
+
+
+@pytest.mark.slow
+def test_demo_command(smollm2_bf16, monkeypatch, capsys):
+    monkeypatch.setenv("ANYFP4_CACHE", str(smollm2_bf16.parent))  # the bf16 conversion is already there
+    assert main(["demo", "--max-tokens", "12", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "valid (structure and scale values checked)" in out
+    assert "assistant: " in out and len(out.split("assistant: ")[1].strip()) > 0
