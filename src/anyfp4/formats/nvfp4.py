@@ -151,6 +151,19 @@ def shared_global_scale(weights: list[torch.Tensor]) -> torch.Tensor:
     return amax / (E2M1_MAX * E4M3_MAX)
 
 
+def _byte_lut(device: torch.device) -> torch.Tensor:
+    """(256, 2) float32: the (low, high) nibble values of every byte, from ``e2m1_decode``."""
+    key = str(device)
+    lut = _BYTE_LUTS.get(key)
+    if lut is None:
+        lut = e2m1_decode(unpack_nibbles(torch.arange(256, dtype=torch.uint8).reshape(256, 1))).to(device)
+        _BYTE_LUTS[key] = lut
+    return lut
+
+
+_BYTE_LUTS: dict[str, torch.Tensor] = {}
+
+
 def dequantize_nvfp4(q: NVFP4Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Reconstruct (N, K): ``(e2m1 * float(block_scale)) * global_scale`` in float32, then ``dtype``.
 
@@ -159,7 +172,7 @@ def dequantize_nvfp4(q: NVFP4Weight, dtype: torch.dtype = torch.float32) -> torc
     Kernels that dequantize must reproduce this bit for bit.
     """
     n, k = q.shape
-    values = e2m1_decode(unpack_nibbles(q.packed)).reshape(n, k // GROUP_SIZE, GROUP_SIZE)
+    values = _byte_lut(q.packed.device)[q.packed.long()].reshape(n, k // GROUP_SIZE, GROUP_SIZE)
     scales = e4m3_decode(q.block_scale).unsqueeze(-1)
     out = (values * scales) * q.global_scale.float()
     return out.reshape(n, k).to(dtype)

@@ -46,54 +46,81 @@ def _check_shape(reader: CheckpointReader, name: str, expected: tuple[int, int])
                               file=reader.root, tensor=f"{name}.weight")
 
 
-def _block(reader: CheckpointReader, args: ModelArgs, i: int, device, dtype) -> Block:
+class WeightSource:
+    """Where the model builder gets its tensors: a checkpoint, or random weights (bench)."""
+
+    def linear(self, name: str, out_features: int, in_features: int):  # -> (weight, bias)
+        raise NotImplementedError
+
+    def tensor(self, name: str, shape: tuple, device, dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def has_linear(self, name: str) -> bool:
+        raise NotImplementedError
+
+
+class CheckpointSource(WeightSource):
+    def __init__(self, reader: CheckpointReader):
+        self.reader = reader
+
+    def linear(self, name, out_features, in_features):
+        weight = _weight(self.reader, name)
+        _check_shape(self.reader, name, (out_features, in_features))
+        return weight
+
+    def tensor(self, name, shape, device, dtype):
+        t = _tensor(self.reader, name, device, dtype)
+        if tuple(t.shape) != tuple(shape):
+            raise CheckpointError(f"shape {tuple(t.shape)}, config.json implies {tuple(shape)}",
+                                  file=self.reader.root, tensor=name)
+        return t
+
+    def has_linear(self, name):
+        return name in self.reader.layer_by_name
+
+
+def _block(src: WeightSource, args: ModelArgs, i: int, device, dtype) -> Block:
     p = f"model.layers.{i}."
     h, hd = args.hidden_size, args.head_dim
-    names = [f"{p}self_attn.{x}_proj" for x in "qkv"]
-    for name, rows in zip(names, (args.num_heads * hd, args.num_kv_heads * hd, args.num_kv_heads * hd)):
-        _weight(reader, name)  # existence, with a clear error
-        _check_shape(reader, name, (rows, h))
-    loaded = [_weight(reader, n) for n in names]
+    rows = (args.num_heads * hd, args.num_kv_heads * hd, args.num_kv_heads * hd)
+    loaded = [src.linear(f"{p}self_attn.{x}_proj", n, h) for x, n in zip("qkv", rows)]
     qkv = fused_linear([w for w, _ in loaded], [b for _, b in loaded], device, dtype)
     if qkv is None:
         qkv = nn.ModuleList([make_linear(w, b, device, dtype) for w, b in loaded])
-    o, o_bias = _weight(reader, f"{p}self_attn.o_proj")
+    o, o_bias = src.linear(f"{p}self_attn.o_proj", h, args.num_heads * hd)
     q_norm = k_norm = None
     if args.qk_norm:
-        q_norm = RMSNorm(_tensor(reader, f"{p}self_attn.q_norm.weight", device, dtype), args.rms_norm_eps)
-        k_norm = RMSNorm(_tensor(reader, f"{p}self_attn.k_norm.weight", device, dtype), args.rms_norm_eps)
+        q_norm = RMSNorm(src.tensor(f"{p}self_attn.q_norm.weight", (hd,), device, dtype), args.rms_norm_eps)
+        k_norm = RMSNorm(src.tensor(f"{p}self_attn.k_norm.weight", (hd,), device, dtype), args.rms_norm_eps)
     attn = Attention(args, qkv, make_linear(o, o_bias, device, dtype), q_norm, k_norm)
-    for proj, shape in (("gate", (args.intermediate_size, h)), ("up", (args.intermediate_size, h)),
-                        ("down", (h, args.intermediate_size))):
-        _weight(reader, f"{p}mlp.{proj}_proj")
-        _check_shape(reader, f"{p}mlp.{proj}_proj", shape)
-    gate, up, down = (_weight(reader, f"{p}mlp.{x}_proj")[0] for x in ("gate", "up", "down"))
+    i_size = args.intermediate_size
+    gate, up = (src.linear(f"{p}mlp.{x}_proj", i_size, h)[0] for x in ("gate", "up"))
+    down = src.linear(f"{p}mlp.down_proj", h, i_size)[0]
     mlp = GatedMLP(gate, up, down, device, dtype)
-    norms = [RMSNorm(_tensor(reader, f"{p}{n}.weight", device, dtype), args.rms_norm_eps)
+    norms = [RMSNorm(src.tensor(f"{p}{n}.weight", (h,), device, dtype), args.rms_norm_eps)
              for n in ("input_layernorm", "post_attention_layernorm")]
     return Block(attn, mlp, *norms)
+
+
+def build_model(args: ModelArgs, src: WeightSource, device, dtype, progress: bool = True) -> Transformer:
+    embed = src.tensor("model.embed_tokens.weight", (args.vocab_size, args.hidden_size), device, dtype)
+    blocks = [_block(src, args, i, device, dtype)
+              for i in tqdm(range(args.num_layers), desc="loading", unit="layer", disable=not progress)]
+    norm = RMSNorm(src.tensor("model.norm.weight", (args.hidden_size,), device, dtype), args.rms_norm_eps)
+    if src.has_linear("lm_head"):
+        w, b = src.linear("lm_head", args.vocab_size, args.hidden_size)
+        lm_head = make_linear(w, b, device, dtype)
+    elif args.tie_word_embeddings:
+        lm_head = DenseLinear(embed, None, device, dtype)
+    else:
+        raise CheckpointError("no lm_head.weight and tie_word_embeddings is false", tensor="lm_head.weight")
+    return Transformer(args, embed, blocks, norm, lm_head).eval()
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
                progress: bool = True) -> tuple[Transformer, CheckpointReader]:
     """The decoder for the checkpoint at ``path``, on ``device`` with activations in ``dtype``."""
-    device = torch.device(device)
     reader = CheckpointReader(path)
     args = ModelArgs.from_hf(reader.config)
-    embed = _tensor(reader, "model.embed_tokens.weight", device, dtype)
-    if embed.shape != (args.vocab_size, args.hidden_size):
-        raise CheckpointError(f"embedding is {tuple(embed.shape)}, config.json implies "
-                              f"({args.vocab_size}, {args.hidden_size})", file=reader.root,
-                              tensor="model.embed_tokens.weight")
-    blocks = [_block(reader, args, i, device, dtype)
-              for i in tqdm(range(args.num_layers), desc="loading", unit="layer", disable=not progress)]
-    norm = RMSNorm(_tensor(reader, "model.norm.weight", device, dtype), args.rms_norm_eps)
-    if "lm_head" in reader.layer_by_name:
-        w, b = _weight(reader, "lm_head")
-        lm_head = make_linear(w, b, device, dtype)
-    elif args.tie_word_embeddings:
-        lm_head = DenseLinear(embed, None, device, dtype)
-    else:
-        raise CheckpointError("no lm_head.weight and tie_word_embeddings is false", file=reader.root,
-                              tensor="lm_head.weight")
-    return Transformer(args, embed, blocks, norm, lm_head).eval(), reader
+    model = build_model(args, CheckpointSource(reader), torch.device(device), dtype, progress)
+    return model, reader

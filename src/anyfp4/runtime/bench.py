@@ -1,0 +1,93 @@
+"""``anyfp4 bench``: prefill and decode speed of a model, and the bandwidth its decode achieves."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import torch
+
+from ..layers import DenseLinear, FP8Linear, NVFP4Linear
+from .model import Transformer
+
+
+def weight_bytes_per_token(model: Transformer) -> int:
+    """The fewest weight bytes one decode step reads: every linear once (NVFP4: codes + block
+    scales of the unpadded weight) plus one embedding row."""
+    total = model.embed.shape[1] * model.embed.element_size()
+    for m in model.modules():
+        if isinstance(m, NVFP4Linear):
+            rows = m.out_features * (2 if m.up_offset else 1)
+            total += rows * m.in_features // 2 + rows * m.in_features // 16
+        elif isinstance(m, (FP8Linear, DenseLinear)):
+            total += m.weight.numel() * m.weight.element_size()
+    return total
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device) -> float | None:
+    """Read + write bytes per second of a 1 GiB device-to-device copy (median of 5); None on the CPU."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(512 * 1024**2, dtype=torch.bfloat16, device=device).uniform_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(7):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        dst.copy_(src)
+        e.record()
+        torch.cuda.synchronize(device)
+        times.append(s.elapsed_time(e) / 1e3)
+    del src, dst
+    return 2 * 1024**3 / sorted(times)[len(times) // 2]
+
+
+@torch.no_grad()
+def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, seed: int = 0) -> dict:
+    device = model.device
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.args.vocab_size, (batch, prompt_len), generator=gen).to(device)
+    total = prompt_len + gen_len
+    model.setup_caches(batch, total)
+    model(prompt[:, :8], torch.arange(8, device=device))  # warm-up: kernels compiled, caches touched
+    model(prompt[:, :1], torch.tensor([8], device=device))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    _sync(device)
+    t0 = time.perf_counter()
+    logits = model(prompt, torch.arange(prompt_len, device=device))
+    _sync(device)
+    t_prefill = time.perf_counter() - t0
+    tokens = []
+    nxt = logits[:, -1].argmax(-1)
+    _sync(device)
+    t0 = time.perf_counter()
+    for step in range(gen_len):
+        tokens.append(nxt)
+        if step == gen_len - 1:
+            break
+        logits = model(nxt[:, None], torch.tensor([prompt_len + step], device=device))
+        nxt = logits[:, -1].argmax(-1)
+    _sync(device)
+    t_decode = time.perf_counter() - t0
+    steps = max(gen_len - 1, 1)
+    out = torch.stack(tokens, dim=1).tolist()
+    per_token = weight_bytes_per_token(model)
+    result = {
+        "device": str(device), "dtype": str(model.dtype).replace("torch.", ""),
+        "prompt_len": prompt_len, "gen_len": gen_len, "batch": batch,
+        "prefill_tok_s": batch * prompt_len / t_prefill,
+        "decode_tok_s": batch * steps / t_decode,
+        "ms_per_step": 1e3 * t_decode / steps,
+        "weight_bytes_per_step": per_token,
+        "bandwidth_GBps": per_token * steps / t_decode / 1e9,
+        "sha256": hashlib.sha256(repr(out).encode()).hexdigest(),
+    }
+    if device.type == "cuda":
+        result["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 1024**3
+    return result
