@@ -105,3 +105,14 @@ def test_dequantize_accepts_n_by_1_scale():
     col = FP8Weight(q.weight, q.scale[:, None])
     assert torch.equal(dequantize_fp8(col), dequantize_fp8(q))
     assert float(E4M3_MAX) == 448.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 40), st.integers(0, 2**31 - 1), st.booleans())
+def test_fp8_round_trip_property(rows, cols, seed, per_channel):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols, generator=g) * 10
+    q = quantize_fp8(w, per_channel=per_channel)
+    deq = dequantize_fp8(q)
+    again = quantize_fp8(deq, q.scale, per_channel=per_channel)
+    assert torch.equal(again.weight.view(torch.uint8), q.weight.view(torch.uint8))
