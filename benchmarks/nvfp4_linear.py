@@ -29,6 +29,7 @@ from anyfp4.kernels.nvfp4_decode import DecodeConfig, nvfp4_decode_gemm  # noqa:
 from anyfp4.kernels.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm  # noqa: E402
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
 from anyfp4.kernels.tuning import heuristic_config  # noqa: E402
+from anyfp4.runtime.bench import copy_bandwidth  # noqa: E402
 from anyfp4.ops import linear as nvfp4_op  # noqa: E402
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (3584, 5120), (8704, 5120), (5120, 1536), (5120, 4352),
@@ -43,23 +44,6 @@ def random_nvfp4(n: int, k: int, device) -> NVFP4Weight:
     # block scales: E4M3 bytes of positive normal values in a realistic range (0.5 .. 448)
     scale_bytes = torch.randint(0x30, 0x7E, (n, k // 16), dtype=torch.uint8, device=device)
     return NVFP4Weight(packed, scale_bytes.view(torch.float8_e4m3fn), torch.tensor(1e-3, device=device))
-
-
-def copy_bandwidth(device) -> float:
-    """Read + write bytes per second of a 4 GiB device-to-device copy (median of 10)."""
-    src = torch.empty(4 * 1024**3 // 2, dtype=torch.bfloat16, device=device).uniform_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        dst.copy_(src)
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * 4 * 1024**3 / statistics.median(times[2:])
 
 
 def graph_time(calls, reps: int = 20, trials: int = 7) -> float:
@@ -270,7 +254,7 @@ def main() -> None:
     import triton
 
     report["triton"] = triton.__version__
-    report["copy_bandwidth_Bps"] = copy_bandwidth(device)
+    report["copy_bandwidth_Bps"] = copy_bandwidth(device, gib=4, repeats=12)
     print(f"{props.name}: copy bandwidth {report['copy_bandwidth_Bps'] / 1e12:.2f} TB/s", flush=True)
     if not args.skip_correctness:
         check_correctness(device, report)

@@ -73,8 +73,8 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
     from .env import act_pack_mode
     from .kernels.nvfp4_decode import MAX_DECODE_M, nvfp4_decode_gemm
     from .kernels.nvfp4_dequant import nvfp4_prefill_gemm
-    from .kernels.nvfp4_gemv import gemv_heuristic_config, nvfp4_gemv
-    from .kernels.tuning import act_pack_auto, decode_config, device_arch
+    from .kernels.nvfp4_gemv import nvfp4_gemv
+    from .kernels.tuning import act_pack_auto, decode_config, device_arch, gemv_heuristic_config
 
     x2 = x.reshape(-1, w.in_features)
     if x2.stride(-1) != 1:

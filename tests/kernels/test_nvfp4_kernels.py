@@ -7,7 +7,8 @@ import torch
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
 from anyfp4.kernels.nvfp4_decode import DecodeConfig, nvfp4_decode_gemm
 from anyfp4.kernels.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm
-from anyfp4.kernels.nvfp4_gemv import gemv_heuristic_config, nvfp4_gemv
+from anyfp4.kernels.nvfp4_gemv import nvfp4_gemv
+from anyfp4.kernels.tuning import gemv_heuristic_config
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated
 
 DTYPES = [torch.float16, torch.bfloat16]

@@ -50,16 +50,20 @@ class CheckpointReader:
             raise CheckpointError(f"{what} must be finite and positive, found {first:.6g}",
                                   file=self.index[name].file, tensor=name)
 
+    def _check_no_nan(self, name: str, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """E4M3 data as bytes, refused when any byte is NaN (s.1111.111)."""
+        raw = tensor.view(torch.uint8)
+        nan = (raw & E4M3_NAN_MASK) == E4M3_NAN_MASK
+        if nan.any():
+            raise CheckpointError(f"{int(nan.sum())} {what} are NaN", file=self.index[name].file, tensor=name)
+        return raw
+
     def load_nvfp4(self, layer: LayerSpec) -> NVFP4Weight:
         """Codes, block scales and the global scale in ModelOpt convention (multiply)."""
         t = layer.tensors
         packed = self.load(t["codes"])
         block_scale = self.load(t["block_scale"])
-        raw = block_scale.view(torch.uint8)
-        nan = (raw & E4M3_NAN_MASK) == E4M3_NAN_MASK
-        if nan.any():
-            raise CheckpointError(f"{int(nan.sum())} block scale(s) are NaN", file=self.index[t["block_scale"]].file,
-                                  tensor=t["block_scale"])
+        raw = self._check_no_nan(t["block_scale"], block_scale, "block scale(s)")
         negative = (raw >= 0x80) & (raw != 0x80)
         if negative.any():
             raise CheckpointError(f"{int(negative.sum())} block scale(s) are negative",
@@ -75,11 +79,7 @@ class CheckpointReader:
         """FP8 weight with its scale as () per tensor or (N,) per channel."""
         t = layer.tensors
         weight = self.load(t["weight"])
-        raw = weight.view(torch.uint8)
-        nan = (raw & E4M3_NAN_MASK) == E4M3_NAN_MASK
-        if nan.any():
-            raise CheckpointError(f"{int(nan.sum())} FP8 weight value(s) are NaN", file=self.index[t["weight"]].file,
-                                  tensor=t["weight"])
+        self._check_no_nan(t["weight"], weight, "FP8 weight value(s)")
         scale = self.load(t["scale"])
         self._check_positive_scalar(t["scale"], scale, "FP8 weight scale")
         scale = scale.reshape(-1) if scale.numel() == layer.out_features and scale.numel() > 1 else scale.reshape(())

@@ -81,20 +81,6 @@ def nvfp4_gemv_kernel(
             tl.store(partial_ptr + pid_k * width + N_OUT + rows, acc_up, mask=mask)
 
 
-def gemv_heuristic_config(n: int, k_pad: int, sms: int) -> DecodeConfig:
-    """8 rows x 1024 K per program (best on the H200), split-K until there are >= 4 programs per SM."""
-    block_n, block_k = 8, 1024 if k_pad % 1024 == 0 else 256
-    n_tiles = -(-n // block_n)
-    k_tiles = k_pad // block_k
-    split = 1
-    for d in range(1, k_tiles + 1):
-        if k_tiles % d == 0:
-            split = d
-            if n_tiles * d >= 4 * sms:
-                break
-    return DecodeConfig(block_n=block_n, block_k=block_k, split_k=split, num_warps=2, num_stages=1)
-
-
 def nvfp4_gemv(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None, config: DecodeConfig,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """x (1, K) -> (1, N); a gated prepack gives silu(gate) * up. Checked by the op."""

@@ -89,19 +89,28 @@ def m_bucket(m: int) -> int:
     return next(b for b in M_BUCKETS if b >= m)
 
 
-def heuristic_config(n: int, k_pad: int, sms: int) -> DecodeConfig:
-    """Smallest split-K (dividing the K tiles) that gives at least two programs per multiprocessor."""
-    block_n = 64 if n >= 4096 else 32
-    block_k = 256
-    n_tiles = -(-n // block_n)
-    k_tiles = k_pad // block_k
-    split = 1
+def smallest_split(n_tiles: int, k_tiles: int, min_programs: int) -> int:
+    """The smallest split-K dividing ``k_tiles`` that launches at least ``min_programs`` programs
+    (all of K when even that is too few)."""
     for d in range(1, k_tiles + 1):
-        if k_tiles % d == 0:
-            split = d
-            if n_tiles * d >= 2 * sms:
-                break
+        if k_tiles % d == 0 and n_tiles * d >= min_programs:
+            return d
+    return k_tiles
+
+
+def heuristic_config(n: int, k_pad: int, sms: int) -> DecodeConfig:
+    """Tensor-core decode kernel: two programs per multiprocessor at least."""
+    block_n, block_k = (64 if n >= 4096 else 32), 256
+    split = smallest_split(-(-n // block_n), k_pad // block_k, 2 * sms)
     return DecodeConfig(block_n=block_n, block_k=block_k, split_k=split, num_warps=4, num_stages=3)
+
+
+def gemv_heuristic_config(n: int, k_pad: int, sms: int) -> DecodeConfig:
+    """M = 1 GEMV kernel: 8 rows x 1024 K per program (best on the H200), four programs per
+    multiprocessor at least."""
+    block_n, block_k = 8, (1024 if k_pad % 1024 == 0 else 256)
+    split = smallest_split(-(-n // block_n), k_pad // block_k, 4 * sms)
+    return DecodeConfig(block_n=block_n, block_k=block_k, split_k=split, num_warps=2, num_stages=1)
 
 
 def decode_config(sm: int, sms: int, n: int, k: int, k_pad: int, m: int) -> DecodeConfig:

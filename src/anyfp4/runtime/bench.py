@@ -29,14 +29,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def copy_bandwidth(device: torch.device) -> float | None:
-    """Read + write bytes per second of a 1 GiB device-to-device copy (median of 5); None on the CPU."""
+def copy_bandwidth(device: torch.device, gib: int = 1, repeats: int = 7) -> float | None:
+    """Read + write bytes per second of a ``gib`` GiB device-to-device copy (median); None on the CPU."""
     if device.type != "cuda":
         return None
-    src = torch.empty(512 * 1024**2, dtype=torch.bfloat16, device=device).uniform_()
+    src = torch.empty(gib * 1024**3 // 2, dtype=torch.bfloat16, device=device).uniform_()
     dst = torch.empty_like(src)
     times = []
-    for _ in range(7):
+    for _ in range(repeats):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         dst.copy_(src)
@@ -44,7 +44,8 @@ def copy_bandwidth(device: torch.device) -> float | None:
         torch.cuda.synchronize(device)
         times.append(s.elapsed_time(e) / 1e3)
     del src, dst
-    return 2 * 1024**3 / sorted(times)[len(times) // 2]
+    torch.cuda.empty_cache()
+    return 2 * gib * 1024**3 / sorted(times)[len(times) // 2]
 
 
 @torch.no_grad()
