@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
@@ -96,14 +97,10 @@ def _bench_one(spec: str, args: argparse.Namespace) -> dict:
     result = {"model": spec, **bench_model(model, args.prompt_len, args.gen_len, args.batch)}
     del model
     if device.type == "cuda":
-        torch_cuda_empty_cache()
+        import torch
+
+        torch.cuda.empty_cache()
     return result
-
-
-def torch_cuda_empty_cache() -> None:
-    import torch
-
-    torch.cuda.empty_cache()
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -112,10 +109,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     if (args.model is None) == (args.random_weights is None):
         raise SystemExit("anyfp4 bench: give a checkpoint directory or --random-weights ARCH (not both)")
-    first = args.model or f"random:{args.random_weights}:{args.format}"
-    specs = [first] + ([args.compare] if args.compare else [])
-    if args.compare and args.random_weights and ":" not in args.compare and not __import__("os").path.isdir(args.compare):
-        specs[1] = f"random:{args.random_weights}:{args.compare}"  # e.g. --compare bf16
+    specs = [args.model or f"random:{args.random_weights}:{args.format}"]
+    if args.compare:
+        # with --random-weights, --compare names a second format (e.g. bf16) unless it is a directory
+        other_format = args.random_weights and not Path(args.compare).is_dir()
+        specs.append(f"random:{args.random_weights}:{args.compare}" if other_format else args.compare)
     copy = copy_bandwidth(pick_device(args.device))
     results = [_bench_one(spec, args) for spec in specs]
     for r in results:
