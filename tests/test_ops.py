@@ -129,3 +129,37 @@ def test_act_pack_switch_read_inside_the_op(monkeypatch):
     monkeypatch.setenv("ANYFP4_ACT_PACK", "sometimes")
     with pytest.raises(ValueError, match="ANYFP4_ACT_PACK"):
         torch.ops.anyfp4.nvfp4_linear(x, *args(p))
+
+
+def test_fp8_ops_cpu_reference_and_opcheck():
+    from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
+    from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
+
+    g = torch.Generator().manual_seed(10)
+    w = quantize_fp8(torch.randn(48, 64, generator=g), per_channel=True)
+    p = prepack_fp8(w)
+    x = torch.randn(3, 64, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    bias = torch.randn(48, generator=g).to(torch.bfloat16)
+    y = torch.ops.anyfp4.fp8_linear(x, p.codes, p.scales, bias, 48, 64)
+    assert torch.equal(y, (x.float() @ dequantize_fp8(w).t() + bias.float()).to(torch.bfloat16))
+    torch.library.opcheck(torch.ops.anyfp4.fp8_linear, (x, p.codes, p.scales, bias, 48, 64))
+    up = quantize_fp8(torch.randn(48, 64, generator=g))
+    pg = prepack_fp8_gated(w, up)
+    torch.library.opcheck(torch.ops.anyfp4.fp8_gated, (x, pg.codes, pg.scales, pg.up_offset, 48, 64))
+    with pytest.raises(ValueError, match="x has 32 features"):
+        torch.ops.anyfp4.fp8_linear(x[:, :32], p.codes, p.scales, None, 48, 64)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp8_cuda_paths(dtype):
+    from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
+    from anyfp4.kernels.fp8_linear import prepack_fp8
+
+    w = quantize_fp8(torch.randn(4120, 1552, device="cuda"))
+    p = prepack_fp8(w)
+    for m in (1, 8, 64):
+        x = torch.randn(m, 1552, device="cuda", dtype=dtype)
+        y = torch.ops.anyfp4.fp8_linear(x, p.codes, p.scales, None, 4120, 1552)
+        ref = x.float() @ dequantize_fp8(w).t()
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 8e-3

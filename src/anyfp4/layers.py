@@ -1,8 +1,7 @@
 """Linear layers over NVFP4, FP8 and float weights; fused q/k/v and gate/up where the scales allow.
 
 Each layer prepacks once, at construction; ``forward`` calls one op. NVFP4 goes through
-``torch.ops.anyfp4.*`` (kernels on CUDA, the reference on the CPU). FP8 is dequantized to the
-activation dtype and multiplied with ``F.linear`` until FP8 kernels exist.
+``torch.ops.anyfp4.*`` (kernels on CUDA, the reference on the CPU), and so does FP8.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from torch import nn
 from . import ops  # noqa: F401  (registers torch.ops.anyfp4)
 from .formats.fp8 import FP8Weight
 from .formats.nvfp4 import NVFP4Weight
+from .kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
 from .kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated
 
 Weight = NVFP4Weight | FP8Weight | torch.Tensor
@@ -41,17 +41,20 @@ class NVFP4Linear(nn.Module):
 class FP8Linear(nn.Module):
     """Per-channel scales (a per-tensor scale is broadcast): fused projections concatenate exactly."""
 
-    def __init__(self, weight: FP8Weight, bias: torch.Tensor | None, device):
+    def __init__(self, weight: FP8Weight, bias: torch.Tensor | None, device, gated_up: FP8Weight | None = None):
         super().__init__()
-        n = weight.weight.shape[0]
-        scale = weight.scale.float().reshape(-1).expand(n) if weight.scale.numel() == 1 else weight.scale.float()
-        self.register_buffer("weight", weight.weight.to(device))
-        self.register_buffer("scale", scale.contiguous().to(device))
+        p = prepack_fp8_gated(weight, gated_up, device) if gated_up is not None else prepack_fp8(weight, device)
+        self.register_buffer("codes", p.codes)
+        self.register_buffer("scales", p.scales)
         self.register_buffer("bias", bias.to(device) if bias is not None else None)
+        self.out_features, self.in_features, self.up_offset = p.out_features, p.in_features, p.up_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = (self.weight.float() * self.scale[:, None]).to(x.dtype)
-        return F.linear(x, w, self.bias.to(x.dtype) if self.bias is not None else None)
+        if self.up_offset:
+            return torch.ops.anyfp4.fp8_gated(x, self.codes, self.scales, self.up_offset, self.out_features,
+                                              self.in_features)
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        return torch.ops.anyfp4.fp8_linear(x, self.codes, self.scales, bias, self.out_features, self.in_features)
 
 
 class DenseLinear(nn.Module):
@@ -116,6 +119,8 @@ class GatedMLP(nn.Module):
         self.gate = self.up = None
         if isinstance(gate, NVFP4Weight) and isinstance(up, NVFP4Weight) and _same_scale([gate, up]):
             self.gated = NVFP4Linear(gate, None, device, gated_up=up)
+        elif isinstance(gate, FP8Weight) and isinstance(up, FP8Weight):
+            self.gated = FP8Linear(gate, None, device, gated_up=up)
         else:
             self.gate_up = fused_linear([gate, up], [None, None], device, dtype)
             if self.gate_up is None:

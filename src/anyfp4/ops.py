@@ -4,6 +4,9 @@
   ``x @ W^T (+ bias)`` for an NVFP4 prepack (``kernels.nvfp4_prepack``).
 - ``nvfp4_gated(x, codes, scales, global_scale, up_offset, out_features, in_features)``:
   ``silu(x @ Wg^T) * (x @ Wu^T)`` for a gated prepack.
+- ``fp8_linear(x, codes, scales, bias, out_features, in_features)`` and
+  ``fp8_gated(x, codes, scales, up_offset, out_features, in_features)``: the same for an FP8
+  prepack (``kernels.fp8_linear``): M = 1 runs an FP8 GEMV kernel, larger M dequantizes + cuBLAS.
 
 Inside the op (so torch.compile and CUDA graphs never bake a branch in): on CUDA, M = rows of
 ``x`` picks the kernel — M = 1: the GEMV kernel; M <= 32: the tensor-core decode kernel (launch
@@ -133,3 +136,77 @@ def linear(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor] = None) -> Tenso
         return torch.ops.anyfp4.nvfp4_gated(x, w.codes, w.scales, w.global_scale, w.up_offset, w.out_features,
                                             w.in_features)
     return torch.ops.anyfp4.nvfp4_linear(x, w.codes, w.scales, w.global_scale, bias, w.out_features, w.in_features)
+
+
+def _check_fp8(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_features: int, up_offset: int,
+               name: str) -> None:
+    if x.dtype not in ACT_DTYPES and not (x.device.type == "cpu" and x.dtype == torch.float32):
+        raise TypeError(f"{name}: activations must be float16 or bfloat16, got {x.dtype}")
+    if x.shape[-1] != in_features:
+        raise ValueError(f"{name}: x has {x.shape[-1]} features, the weight expects {in_features}")
+    rows = up_offset + out_features if up_offset else out_features
+    if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] * 4 < in_features or codes.shape[0] < rows:
+        raise ValueError(f"{name}: codes must be a 2-D int32 FP8 prepack covering {rows} x {in_features}, got "
+                         f"{codes.dtype} {tuple(codes.shape)}")
+    if scales.dtype != torch.float32 or scales.shape != (codes.shape[0],):
+        raise ValueError(f"{name}: scales must be float32 ({codes.shape[0]},), got {scales.dtype} {tuple(scales.shape)}")
+    if not (x.device == codes.device == scales.device):
+        raise ValueError(f"{name}: x, codes and scales must be on one device")
+    if x.device.type == "cuda":
+        from .kernels.tuning import device_arch
+
+        sm, _ = device_arch(x.device.index if x.device.index is not None else torch.cuda.current_device())
+        if sm < 70 or (x.dtype == torch.bfloat16 and sm < 80):
+            raise RuntimeError(f"{name}: sm_{sm} cannot run {x.dtype} here (sm_70+, bf16 from sm_80)")
+
+
+def _fp8_run(x: Tensor, w, bias: Optional[Tensor]) -> Tensor:
+    from .formats.fp8 import dequantize_fp8
+    from .kernels.fp8_linear import fp8_gemv, fp8_matmul, unprepack_fp8
+
+    x2 = x.reshape(-1, w.in_features)
+    if x.is_cuda:
+        x2 = x2.contiguous()
+        y = fp8_gemv(x2, w, bias) if x2.shape[0] == 1 else fp8_matmul(x2, w, bias)
+        return y.reshape(*x.shape[:-1], w.out_features)
+    xf = x2.float()
+    if w.gated:
+        y = torch.nn.functional.silu(xf @ dequantize_fp8(unprepack_fp8(w)).t()) * (
+            xf @ dequantize_fp8(unprepack_fp8(w, w.up_offset)).t())
+    else:
+        y = xf @ dequantize_fp8(unprepack_fp8(w)).t()
+        if bias is not None:
+            y = y + bias.float()
+    return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
+
+
+@torch.library.custom_op("anyfp4::fp8_linear", mutates_args=())
+def fp8_linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Optional[Tensor], out_features: int,
+               in_features: int) -> Tensor:
+    from .kernels.fp8_linear import FP8Prepacked
+
+    _check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear")
+    if bias is not None and bias.shape != (out_features,):
+        raise ValueError(f"fp8_linear: bias must have shape ({out_features},), got {tuple(bias.shape)}")
+    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features), bias)
+
+
+@fp8_linear.register_fake
+def _(x, codes, scales, bias, out_features, in_features):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+@torch.library.custom_op("anyfp4::fp8_gated", mutates_args=())
+def fp8_gated(x: Tensor, codes: Tensor, scales: Tensor, up_offset: int, out_features: int,
+              in_features: int) -> Tensor:
+    from .kernels.fp8_linear import FP8Prepacked
+
+    if up_offset <= 0:
+        raise ValueError("fp8_gated: up_offset must be positive (use prepack_fp8_gated)")
+    _check_fp8(x, codes, scales, out_features, in_features, up_offset, "fp8_gated")
+    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features, up_offset), None)
+
+
+@fp8_gated.register_fake
+def _(x, codes, scales, up_offset, out_features, in_features):
+    return x.new_empty(*x.shape[:-1], out_features)

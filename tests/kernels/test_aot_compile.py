@@ -14,6 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from anyfp4.kernels.fp8_linear import fp8_dequant_kernel, fp8_gemv_kernel
 from anyfp4.kernels.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kernel, splitk_reduce_kernel
 from anyfp4.kernels.nvfp4_dequant import nvfp4_dequant_kernel
 from anyfp4.kernels.nvfp4_gemv import nvfp4_gemv_kernel
@@ -70,6 +71,15 @@ def support_kernels_compile(cc):
             compile_for(nvfp4_gemv_kernel, gemv_sig, {"BLOCK_N": 8, "BLOCK_K": 1024, "USE_PARTIAL": use_partial,
                                                       "HAS_BIAS": bias, "GATED": gated, "INTERPRET": False}, cc,
                         num_warps=2)
+        fp8_sig = {"x_ptr": f"*{act}", "codes_ptr": "*i32", "scales_ptr": "*fp32", "bias_ptr": f"*{act}",
+                   "out_ptr": f"*{act}", "K": "i32", "N_OUT": "i32", "UP_OFFSET": "i32", "K_TILES": "i32",
+                   "stride_c": "i32"}
+        for bias, gated in ((True, False), (False, True)):
+            compile_for(fp8_gemv_kernel, fp8_sig, {"BLOCK_N": 8, "BLOCK_K": 512, "HAS_BIAS": bias, "GATED": gated,
+                                                   "INTERPRET": False}, cc, num_warps=2)
+        compile_for(fp8_dequant_kernel, {"codes_ptr": "*i32", "scales_ptr": "*fp32", "out_ptr": f"*{act}", "N": "i32",
+                                         "K": "i32", "ROW0": "i32", "stride_c": "i32", "stride_on": "i32"},
+                    {"BLOCK_N": 32, "BLOCK_K": 128, "INTERPRET": False}, cc)
         compile_for(act_block_pack_kernel, {"x_ptr": f"*{act}", "xp_ptr": f"*{act}", "M": "i32", "K": "i32",
                                             "stride_xm": "i32", "X_ROWS": "i32"}, {"BLOCK_G": 16}, cc)
         compile_for(nvfp4_dequant_kernel, {"codes_ptr": "*i32", "scales_ptr": "*u8", "gscale_ptr": "*fp32",

@@ -19,7 +19,9 @@ def weight_bytes_per_token(model: Transformer) -> int:
         if isinstance(m, NVFP4Linear):
             rows = m.out_features * (2 if m.up_offset else 1)
             total += rows * m.in_features // 2 + rows * m.in_features // 16
-        elif isinstance(m, (FP8Linear, DenseLinear)):
+        elif isinstance(m, FP8Linear):
+            total += m.out_features * (2 if m.up_offset else 1) * m.in_features
+        elif isinstance(m, DenseLinear):
             total += m.weight.numel() * m.weight.element_size()
     return total
 
