@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CheckpointError, UnsupportedModelError) as e:
+    except (CheckpointError, UnsupportedModelError, MemoryError) as e:
         print(f"anyfp4 {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -79,3 +79,17 @@ def test_unsupported_architecture_and_mismatch(tmp_path, capsys):
     edit_json(bad / "config.json", lambda c: c.update(intermediate_size=128))
     with pytest.raises(Exception, match="config.json implies 128 x 64: checkpoint and config do not match"):
         load_model(bad, "cpu", torch.float32, progress=False)
+
+
+def test_out_of_memory_at_load_is_a_clear_message(tmp_path, monkeypatch, capsys):
+    from anyfp4.runtime import loader
+
+    src = write_float_checkpoint(tmp_path / "src")
+
+    def no_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(loader, "build_model", no_memory)
+    assert main(["generate", str(src), "--prompt", "hi", "--quiet", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "out of GPU memory while loading" in err and "GiB on disk" in err and err.count("\n") == 1
