@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -60,7 +61,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompts = [session.encode_chat([{"role": "user", "content": t}]) if args.chat else session.encode(t)
                for t in texts]
     try:
-        if len(prompts) == 1:
+        if args.speculate:
+            from .runtime.speculative import generate_speculative
+
+            if len(prompts) != 1 or args.speculate != "ngram":
+                raise SystemExit("anyfp4 generate: --speculate ngram runs one prompt (draft models: not yet)")
+            params = replace(params, stop_token_ids=session.stop_token_ids)
+            tokens, stats = generate_speculative(session.model, prompts[0], params, args.draft_tokens)
+            print(session.tokenizer.decode([t for t in tokens if t not in params.stop_token_ids],
+                                           skip_special_tokens=True))
+            print(f"[speculation: {stats.verify_steps} verify steps for {len(tokens)} tokens, acceptance length "
+                  f"{stats.acceptance_length:.2f} of {args.draft_tokens}]", file=sys.stderr)
+        elif len(prompts) == 1:
             session.complete(prompts, params, stream=sys.stdout)
         else:
             for text in session.complete(prompts, params):
@@ -202,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(g)
     g.add_argument("--prompt", help="the prompt; without it, one prompt per line of standard input")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn in the chat template")
+    g.add_argument("--speculate", choices=["ngram"], help="speculative decoding with prompt-lookup drafts (greedy)")
+    g.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify step (1..16)")
     _add_sampling_args(g)
     g.set_defaults(func=_cmd_generate)
 

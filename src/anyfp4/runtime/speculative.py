@@ -1,0 +1,85 @@
+"""Speculative decoding with prompt-lookup (n-gram) drafts, greedy acceptance, one sequence.
+
+Each step drafts up to k tokens by finding the latest earlier occurrence of the sequence's last
+n tokens (longest n first) and copying what followed it; one forward pass of M = 1 + drafts rows
+verifies them; drafted tokens are kept while they equal the model's own greedy choice, and the
+first disagreement is replaced by that choice. The static KV cache needs no explicit rollback:
+rejected entries sit at positions the causal mask hides until real tokens overwrite them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from .generate import SamplingParams
+from .model import Transformer
+
+
+def ngram_draft(seq: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix n-gram."""
+    for n in range(min(max_ngram, len(seq) - 1), 0, -1):
+        suffix = list(seq[-n:])
+        for start in range(len(seq) - n - 1, -1, -1):
+            if list(seq[start:start + n]) == suffix:
+                follow = list(seq[start + n:start + n + k])
+                if follow:
+                    return follow
+    return []
+
+
+@dataclass
+class SpecStats:
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_step: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean drafted tokens accepted per verify step."""
+        return self.accepted / self.verify_steps if self.verify_steps else 0.0
+
+
+@torch.no_grad()
+def generate_speculative(model: Transformer, prompt: Sequence[int], params: SamplingParams, draft_tokens: int,
+                         ) -> tuple[list[int], SpecStats]:
+    """Greedy generation with n-gram speculation; the same tokens as ``generate`` with greedy sampling
+    (up to floating-point differences between an M-row and a one-row forward pass)."""
+    if params.temperature != 0:
+        raise ValueError("speculative decoding runs greedy decoding only (temperature 0)")
+    if not 1 <= draft_tokens <= 16:
+        raise ValueError("draft_tokens must be between 1 and 16")
+    device = model.device
+    total = len(prompt) + params.max_new_tokens + draft_tokens + 1
+    if total > model.args.max_position_embeddings:
+        raise ValueError(f"prompt + max_new_tokens exceeds the model's context of "
+                         f"{model.args.max_position_embeddings} tokens")
+    model.setup_caches(1, total)
+    stats = SpecStats()
+    logits = model(torch.tensor([list(prompt)], device=device), torch.arange(len(prompt), device=device))
+    out = [int(logits[0, -1].argmax())]
+    pos = len(prompt)  # cache slot of out[-1], not yet written
+    stops = set(params.stop_token_ids)
+    while len(out) < params.max_new_tokens and out[-1] not in stops:
+        room = params.max_new_tokens - len(out)
+        draft = ngram_draft(list(prompt) + out, min(draft_tokens, room))
+        inp = torch.tensor([[out[-1]] + draft], device=device)
+        logits = model(inp, torch.arange(pos, pos + inp.shape[1], device=device))
+        preds = logits[0].argmax(-1).tolist()
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == preds[accepted]:
+            accepted += 1
+        new = draft[:accepted] + [preds[accepted]]
+        stats.verify_steps += 1
+        stats.drafted += len(draft)
+        stats.accepted += accepted
+        stats.accepted_per_step.append(accepted)
+        for t in new:
+            out.append(t)
+            if t in stops or len(out) == params.max_new_tokens:
+                break
+        pos += accepted + 1
+    return out, stats

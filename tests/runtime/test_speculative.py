@@ -1,0 +1,52 @@
+import hashlib
+
+import pytest
+import torch
+
+from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
+from anyfp4.runtime.generate import SamplingParams, generate
+from anyfp4.runtime.loader import load_model
+from anyfp4.runtime.speculative import generate_speculative, ngram_draft
+from helpers import TINY_LLAMA, write_float_checkpoint
+
+
+def test_ngram_draft():
+    seq = [1, 2, 3, 4, 5, 9, 1, 2, 3]
+    assert ngram_draft(seq, 2) == [4, 5]  # "1 2 3" occurred before, followed by 4 5
+    assert ngram_draft([7, 8, 9], 3) == []  # nothing repeats
+    assert ngram_draft([5, 6, 5], 4) == [6, 5]  # unigram fallback, latest occurrence
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("spec")
+    src = write_float_checkpoint(root / "src", dict(TINY_LLAMA, num_hidden_layers=2, max_position_embeddings=512))
+    ckpt = quantize_checkpoint(src, root / "q", QuantizeOptions(format=TargetFormat.NVFP4, progress=False)).dst
+    m, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    return m
+
+
+def sha(tokens):
+    return hashlib.sha256(repr(tokens).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("k", range(1, 8))
+def test_same_greedy_text_for_every_k(model, k):
+    prompt = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5]  # repetitive: n-gram drafts hit
+    params = SamplingParams(max_new_tokens=40)
+    plain = generate(model, [prompt], params)[0]
+    spec, stats = generate_speculative(model, prompt, params, k)
+    assert sha(spec) == sha(plain)
+    assert stats.verify_steps >= 1 and stats.drafted >= stats.accepted
+    assert stats.verify_steps < len(plain)  # some drafts were accepted or at least proposed
+
+
+def test_stop_token_and_limits(model):
+    prompt = [3, 4, 5, 3, 4, 5]
+    plain = generate(model, [prompt], SamplingParams(max_new_tokens=20))[0]
+    stop = plain[5]
+    params = SamplingParams(max_new_tokens=20, stop_token_ids=(stop,))
+    spec, _ = generate_speculative(model, prompt, params, 4)
+    assert spec == generate(model, [prompt], params)[0]
+    with pytest.raises(ValueError, match="greedy"):
+        generate_speculative(model, prompt, SamplingParams(temperature=1.0), 4)
