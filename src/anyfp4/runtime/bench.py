@@ -51,14 +51,20 @@ def copy_bandwidth(device: torch.device, gib: int = 1, repeats: int = 7) -> floa
 
 
 @torch.no_grad()
-def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, seed: int = 0) -> dict:
+def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, seed: int = 0,
+                compile_decode: bool = False) -> dict:
+    from .generate import compiled_decode_step
+
     device = model.device
+    step_fn = compiled_decode_step(model) if compile_decode else model
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.args.vocab_size, (batch, prompt_len), generator=gen).to(device)
     total = prompt_len + gen_len
     model.setup_caches(batch, total)
     model(prompt[:, :8], torch.arange(8, device=device))  # warm-up: kernels compiled, caches touched
-    model(prompt[:, :1], torch.tensor([8], device=device))
+    for i in range(3):  # compiles / captures the decode step when asked to; inputs built like the real ones
+        tok = torch.empty(batch, dtype=torch.long, device=device).copy_(prompt[:, i])  # same strides as argmax
+        step_fn(tok[:, None], torch.tensor([8 + i], device=device))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     _sync(device)
@@ -74,7 +80,7 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
         tokens.append(nxt)
         if step == gen_len - 1:
             break
-        logits = model(nxt[:, None], torch.tensor([prompt_len + step], device=device))
+        logits = step_fn(nxt[:, None], torch.tensor([prompt_len + step], device=device))
         nxt = logits[:, -1].argmax(-1)
     _sync(device)
     t_decode = time.perf_counter() - t0
@@ -90,6 +96,7 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
         "weight_bytes_per_step": per_token,
         "bandwidth_GBps": per_token * steps / t_decode / 1e9,
         "sha256": hashlib.sha256(repr(out).encode()).hexdigest(),
+        "compiled_decode": compile_decode,
     }
     if device.type == "cuda":
         result["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 1024**3

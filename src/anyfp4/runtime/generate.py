@@ -7,6 +7,7 @@ would get alone (up to floating-point reduction order).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -53,11 +54,24 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+_COMPILED: "weakref.WeakKeyDictionary[Transformer, Callable]" = weakref.WeakKeyDictionary()
+
+
+def compiled_decode_step(model: Transformer) -> Callable:
+    """The model's forward compiled for one-token decode steps (fixed shapes, so one graph; on
+    CUDA with ``mode="reduce-overhead"``, which captures it in a CUDA graph). Cached per model."""
+    if model not in _COMPILED:
+        mode = "reduce-overhead" if model.device.type == "cuda" else "default"
+        _COMPILED[model] = torch.compile(model, fullgraph=True, dynamic=False, mode=mode)
+    return _COMPILED[model]
+
+
 @torch.no_grad()
 def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: SamplingParams,
-             on_tokens: Callable[[list[int]], None] | None = None) -> list[list[int]]:
+             on_tokens: Callable[[list[int]], None] | None = None, compile_decode: bool = False) -> list[list[int]]:
     """New tokens for each prompt (stopping at a stop token, which is included, or at the limit).
-    ``on_tokens`` receives each step's tokens (one per row) as they are produced."""
+    ``on_tokens`` receives each step's tokens (one per row) as they are produced.
+    ``compile_decode`` runs the decode steps through ``compiled_decode_step``."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     device = model.device
@@ -81,6 +95,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
     logits = model(tokens, torch.arange(longest, device=device), rope if padded else None,
                    valid if padded else None)
     next_pos = rope[:, -1] + 1
+    step_fn = compiled_decode_step(model) if compile_decode else model
     out: list[list[int]] = [[] for _ in range(b)]
     done = torch.zeros(b, dtype=torch.bool, device=device)
     stops = torch.tensor(params.stop_token_ids or [-1], device=device)
@@ -96,7 +111,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
             break
         slot = longest + step
         valid[:, slot] = True
-        logits = model(nxt[:, None], torch.tensor([slot], device=device),
-                       next_pos[:, None] if padded else None, valid if padded else None)
+        logits = step_fn(nxt[:, None], torch.tensor([slot], device=device),
+                         next_pos[:, None] if padded else None, valid if padded else None)
         next_pos = next_pos + 1
     return out

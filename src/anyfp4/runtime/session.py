@@ -49,15 +49,17 @@ class Session:
     model: Transformer
     tokenizer: object
     stop_token_ids: tuple[int, ...]
+    compile_decode: bool = False
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto", dtype: str = "auto", progress: bool = True) -> "Session":
+    def load(cls, path: str | Path, device: str = "auto", dtype: str = "auto", progress: bool = True,
+             compile_decode: bool = False) -> "Session":
         from transformers import AutoTokenizer
 
         dev = pick_device(device)
         model, _ = load_model(path, dev, pick_dtype(dtype, dev), progress=progress)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        return cls(model, tokenizer, _stop_ids(Path(path), tokenizer))
+        return cls(model, tokenizer, _stop_ids(Path(path), tokenizer), compile_decode)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         if getattr(self.tokenizer, "chat_template", None) is None:
@@ -82,7 +84,8 @@ class Session:
             stream.flush()
             shown[0] = text
 
-        out = generate(self.model, prompts, params, on_tokens if stream is not None and len(prompts) == 1 else None)
+        out = generate(self.model, prompts, params, on_tokens if stream is not None and len(prompts) == 1 else None,
+                       compile_decode=self.compile_decode)
         if stream is not None and len(prompts) == 1:
             stream.write("\n")
         return [self.tokenizer.decode([t for t in o if t not in params.stop_token_ids], skip_special_tokens=True)
