@@ -108,8 +108,8 @@ def make_linear(weight: Weight, bias: torch.Tensor | None, device, dtype) -> nn.
 
 
 class GatedMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))``: one gated NVFP4 launch when gate and up share a scale,
-    else one fused gate/up GEMM (or two) and the activation in torch."""
+    """``down(silu(gate(x)) * up(x))``: one gated launch for NVFP4 gate/up sharing a global scale
+    or for FP8 gate/up, else one fused gate/up GEMM (or two) and the activation in torch."""
 
     def __init__(self, gate: Weight, up: Weight, down: Weight, device, dtype):
         super().__init__()
