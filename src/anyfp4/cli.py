@@ -65,10 +65,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if args.speculate:
             from .runtime.speculative import generate_speculative
 
-            if len(prompts) != 1 or args.speculate != "ngram":
-                raise SystemExit("anyfp4 generate: --speculate ngram runs one prompt (draft models: not yet)")
+            if len(prompts) != 1:
+                raise SystemExit("anyfp4 generate: --speculate runs one prompt")
+            draft = None
+            if args.speculate != "ngram":
+                from .runtime.loader import load_model
+
+                draft, _ = load_model(args.speculate, session.model.device, session.model.dtype, progress=False)
             params = replace(params, stop_token_ids=session.stop_token_ids)
-            tokens, stats = generate_speculative(session.model, prompts[0], params, args.draft_tokens)
+            tokens, stats = generate_speculative(session.model, prompts[0], params, args.draft_tokens, draft)
             print(session.tokenizer.decode([t for t in tokens if t not in params.stop_token_ids],
                                            skip_special_tokens=True))
             print(f"[speculation: {stats.verify_steps} verify steps for {len(tokens)} tokens, acceptance length "
@@ -219,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(g)
     g.add_argument("--prompt", help="the prompt; without it, one prompt per line of standard input")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn in the chat template")
-    g.add_argument("--speculate", choices=["ngram"], help="speculative decoding with prompt-lookup drafts (greedy)")
+    g.add_argument("--speculate", metavar="ngram|DRAFT_MODEL", help="speculative decoding (greedy): prompt-lookup "
+                   "drafts, or a draft model checkpoint sharing the tokenizer")
     g.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify step (1..16)")
     _add_sampling_args(g)
     g.set_defaults(func=_cmd_generate)

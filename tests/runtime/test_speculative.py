@@ -50,3 +50,23 @@ def test_stop_token_and_limits(model):
     assert spec == generate(model, [prompt], params)[0]
     with pytest.raises(ValueError, match="greedy"):
         generate_speculative(model, prompt, SamplingParams(temperature=1.0), 4)
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_draft_model_gives_the_same_text(model, tmp_path, k):
+    # a draft model of the same shape in another format: high acceptance, same greedy text
+    src = write_float_checkpoint(tmp_path / "src", dict(TINY_LLAMA, num_hidden_layers=2, max_position_embeddings=512))
+    draft, _ = load_model(src, "cpu", torch.float32, progress=False)
+    prompt = [3, 4, 5, 6, 7, 3, 4]
+    params = SamplingParams(max_new_tokens=30)
+    plain = generate(model, [prompt], params)[0]
+    spec, stats = generate_speculative(model, prompt, params, k, draft_model=draft)
+    assert spec == plain
+    assert stats.acceptance_length > 0
+
+
+def test_draft_model_vocabulary_must_match(model, tmp_path):
+    src = write_float_checkpoint(tmp_path / "other", dict(TINY_LLAMA, vocab_size=64))
+    draft, _ = load_model(src, "cpu", torch.float32, progress=False)
+    with pytest.raises(ValueError, match="vocabulary"):
+        generate_speculative(model, [1, 2, 3], SamplingParams(max_new_tokens=4), 2, draft_model=draft)

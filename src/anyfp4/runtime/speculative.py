@@ -1,7 +1,9 @@
-"""Speculative decoding with prompt-lookup (n-gram) drafts, greedy acceptance, one sequence.
+"""Speculative decoding, greedy acceptance, one sequence. Drafts come from prompt lookup (n-gram)
+or from a small draft model sharing the tokenizer.
 
-Each step drafts up to k tokens by finding the latest earlier occurrence of the sequence's last
-n tokens (longest n first) and copying what followed it; one forward pass of M = 1 + drafts rows
+Prompt lookup drafts up to k tokens by finding the latest earlier occurrence of the sequence's last
+n tokens (longest n first) and copying what followed it; a draft model proposes its own k greedy
+tokens (its static cache catches up on the accepted tokens first). One forward pass of M = 1 + drafts rows
 verifies them; drafted tokens are kept while they equal the model's own greedy choice, and the
 first disagreement is replaced by that choice. The static KV cache needs no explicit rollback:
 rejected entries sit at positions the causal mask hides until real tokens overwrite them.
@@ -43,9 +45,44 @@ class SpecStats:
         return self.accepted / self.verify_steps if self.verify_steps else 0.0
 
 
+class DraftModel:
+    """Greedy drafts from a smaller model; its KV cache is kept in step with the accepted tokens."""
+
+    def __init__(self, model: Transformer, target: Transformer):
+        if model.args.vocab_size != target.args.vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({model.args.vocab_size}) differs from the target's "
+                             f"({target.args.vocab_size}); it must share the tokenizer")
+        self.model = model
+        self.valid = 0  # cache positions holding the right tokens
+
+    def start(self, total: int) -> None:
+        self.model.setup_caches(1, total)
+        self.valid = 0
+
+    def _feed(self, tokens: Sequence[int], start: int) -> torch.Tensor:
+        dev = self.model.device
+        return self.model(torch.tensor([list(tokens)], device=dev), torch.arange(start, start + len(tokens), device=dev))
+
+    def draft(self, seq: Sequence[int], k: int) -> list[int]:
+        """k tokens after ``seq``; on return the cache holds seq plus the first k - 1 drafts."""
+        if self.valid < len(seq) - 1:  # catch up on accepted tokens the draft has not seen
+            self._feed(seq[self.valid:len(seq) - 1], self.valid)
+        logits = self._feed([seq[-1]], len(seq) - 1)
+        out = [int(logits[0, -1].argmax())]
+        for i in range(k - 1):
+            logits = self._feed([out[-1]], len(seq) + i)
+            out.append(int(logits[0, -1].argmax()))
+        self.valid = len(seq) + k - 1
+        return out
+
+    def accepted(self, seq_len_before: int, accepted: int, k: int) -> None:
+        """``accepted`` of the k drafts after a sequence of ``seq_len_before`` tokens were kept."""
+        self.valid = seq_len_before + min(accepted, k - 1)
+
+
 @torch.no_grad()
 def generate_speculative(model: Transformer, prompt: Sequence[int], params: SamplingParams, draft_tokens: int,
-                         ) -> tuple[list[int], SpecStats]:
+                         draft_model: Transformer | None = None) -> tuple[list[int], SpecStats]:
     """Greedy generation with n-gram speculation; the same tokens as ``generate`` with greedy sampling
     (up to floating-point differences between an M-row and a one-row forward pass)."""
     if params.temperature != 0:
@@ -58,6 +95,9 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
         raise ValueError(f"prompt + max_new_tokens exceeds the model's context of "
                          f"{model.args.max_position_embeddings} tokens")
     model.setup_caches(1, total)
+    drafter = DraftModel(draft_model, model) if draft_model is not None else None
+    if drafter is not None:
+        drafter.start(total)
     stats = SpecStats()
     logits = model(torch.tensor([list(prompt)], device=device), torch.arange(len(prompt), device=device))
     out = [int(logits[0, -1].argmax())]
@@ -65,7 +105,9 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
     stops = set(params.stop_token_ids)
     while len(out) < params.max_new_tokens and out[-1] not in stops:
         room = params.max_new_tokens - len(out)
-        draft = ngram_draft(list(prompt) + out, min(draft_tokens, room))
+        seq = list(prompt) + out
+        k = min(draft_tokens, room)
+        draft = drafter.draft(seq, k) if drafter is not None else ngram_draft(seq, k)
         inp = torch.tensor([[out[-1]] + draft], device=device)
         logits = model(inp, torch.arange(pos, pos + inp.shape[1], device=device))
         preds = logits[0].argmax(-1).tolist()
@@ -73,6 +115,8 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
         while accepted < len(draft) and draft[accepted] == preds[accepted]:
             accepted += 1
         new = draft[:accepted] + [preds[accepted]]
+        if drafter is not None:
+            drafter.accepted(len(seq), accepted, len(draft))
         stats.verify_steps += 1
         stats.drafted += len(draft)
         stats.accepted += accepted
