@@ -1,0 +1,94 @@
+"""FP8 weight-only linear on a CUDA GPU against bf16 F.linear and native torch._scaled_mm (W8A8).
+
+    python benchmarks/fp8_linear.py --out fp8_linear.json [--ms 1 2 4 8 16 32 1024]
+
+Same method and columns as nvfp4_linear.py: CUDA-graph medians over rotated weights, effective
+GB/s (weight + activation + output bytes), % of the copy bandwidth measured in the same run,
+speed-up over bf16. The `scaled_mm` column (sm_89+ only) times torch._scaled_mm on activations
+already quantized to FP8 (M padded to 16, as it requires), i.e. a lower bound for the native path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from nvfp4_linear import PREFILL_M, SHAPES, graph_time  # noqa: E402
+
+from anyfp4.formats.fp8 import FP8Weight, dequantize_fp8  # noqa: E402
+from anyfp4.kernels.fp8_linear import prepack_fp8  # noqa: E402
+from anyfp4.runtime.bench import copy_bandwidth  # noqa: E402
+
+DECODE_M = [1, 2, 4, 8, 16, 32]
+ROTATE_BYTES = 512 * 1024**2
+
+
+def random_fp8(n: int, k: int, device) -> FP8Weight:
+    raw = torch.randint(0, 0x7E, (n, k), dtype=torch.uint8, device=device)
+    sign = torch.randint(0, 2, (n, k), dtype=torch.uint8, device=device) << 7
+    return FP8Weight((raw | sign).view(torch.float8_e4m3fn), torch.tensor(1e-3, device=device))
+
+
+def op(x, p):
+    return torch.ops.anyfp4.fp8_linear(x, p.codes, p.scales, None, p.out_features, p.in_features)
+
+
+def main() -> None:
+    import anyfp4.ops  # noqa: F401
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="fp8_linear.json")
+    ap.add_argument("--ms", type=int, nargs="+", default=DECODE_M + PREFILL_M)
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    props = torch.cuda.get_device_properties(device)
+    sm = props.major * 10 + props.minor
+    bw = copy_bandwidth(device, gib=4, repeats=12)
+    report = {"gpu": props.name, "sm": sm, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+              "copy_bandwidth_Bps": bw, "linear": []}
+    print(f"{props.name}: copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    # correctness first, on one odd shape
+    w = random_fp8(4120, 1552, device)
+    p = prepack_fp8(w)
+    for m in (1, 5, 64):
+        x = torch.randn(m, 1552, device=device, dtype=torch.bfloat16)
+        ref = x.float() @ dequantize_fp8(w).t()
+        err = ((op(x, p).float() - ref).norm() / ref.norm()).item()
+        report.setdefault("rel_err", {})[m] = err
+        print(f"check 4120x1552 M={m}: rel err {err:.2e}", flush=True)
+    for n, k in SHAPES:
+        copies = max(2, int(ROTATE_BYTES // (n * k)) + 1)
+        ws = [prepack_fp8(random_fp8(n, k, device)) for _ in range(copies)]
+        wbf = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(2)]
+        w8 = [random_fp8(n, k, device).weight for _ in range(2)] if sm >= 89 else []
+        one = torch.ones((), device=device)
+        for m in args.ms:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            t_bf = graph_time(lambda i: torch.nn.functional.linear(x, wbf[i % 2]))
+            t = graph_time(lambda i: op(x, ws[i % copies]), reps=20 if m <= 32 else 5)
+            entry = {"n": n, "k": k, "m": m, "bf16_us": t_bf * 1e6, "fp8_us": t * 1e6}
+            if w8:
+                x8 = torch.randn(max(16, -(-m // 16) * 16), k, device=device).to(torch.float8_e4m3fn)
+                t_s = graph_time(lambda i: torch._scaled_mm(x8, w8[i % 2].t(), one, one, out_dtype=torch.bfloat16))
+                entry["scaled_mm_us"] = t_s * 1e6
+            moved = n * k + m * k * 2 + m * n * 2
+            entry.update(gbps=moved / t / 1e9, pct_copy=100 * moved / t / bw, speedup=t_bf / t)
+            report["linear"].append(entry)
+            print(f"{n:>6}x{k:<6} M={m:<5} bf16 {t_bf * 1e6:8.2f} us  fp8 {t * 1e6:8.2f} us  {entry['pct_copy']:5.1f}% "
+                  f"copy  x{entry['speedup']:.2f}" + (f"  scaled_mm {entry['scaled_mm_us']:.2f}" if w8 else ""),
+                  flush=True)
+        del ws, wbf, w8
+        torch.cuda.empty_cache()
+        Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call that checks and measures everything GPU-side; results land in $OUT (JSON + logs).
+#   bash benchmarks/gpu_session.sh [quick]
+# Each step has its own time limit so one slow step cannot eat the whole lease.
+set -u
+export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
+OUT="${OUT:-./gpu-results}"; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
+timeout 150 python3 -m pytest -q -x tests/kernels tests/test_ops.py tests/runtime -k "not aot and not smollm2" \
+    2>&1 | tail -5 | tee "$OUT/pytest.txt"
+timeout 120 python3 benchmarks/nvfp4_linear.py --skip-correctness --ms 1 2 8 32 --out "$OUT/nvfp4_linear.json" \
+    > "$OUT/nvfp4_linear.log" 2>&1; tail -3 "$OUT/nvfp4_linear.log"
+timeout 120 python3 benchmarks/fp8_linear.py --ms 1 8 32 1024 --out "$OUT/fp8_linear.json" \
+    > "$OUT/fp8_linear.log" 2>&1; tail -3 "$OUT/fp8_linear.log"
+[ "${1:-}" = quick ] && exit 0
+for c in "" "--compile"; do
+  timeout 200 python3 -m anyfp4 bench --random-weights llama-3.1-8b --format nvfp4 --compare bf16 $c \
+      --prompt-len 128 --gen-len 64 --json > "$OUT/bench_llama8b_nvfp4${c:+_compile}.json" 2> "$OUT/bench${c}.err"
+  tail -2 "$OUT/bench${c}.err"
+done
