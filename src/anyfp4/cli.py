@@ -50,10 +50,34 @@ def _sampling(args: argparse.Namespace):
         raise SystemExit(f"anyfp4 {args.command}: {e}") from None
 
 
+def _cmd_generate_tp(args: argparse.Namespace, params) -> int:
+    from transformers import AutoTokenizer
+
+    from .runtime.parallel import generate_tp
+    from .runtime.session import _stop_ids, pick_device, pick_dtype
+
+    device = pick_device(args.device)
+    dtype = str(pick_dtype(args.dtype, device)).replace("torch.", "")
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if args.chat:
+        prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                      tokenize=True, return_dict=True)["input_ids"]) for t in texts]
+    else:
+        prompts = [tokenizer(t)["input_ids"] for t in texts]
+    stops = _stop_ids(Path(args.model), tokenizer)
+    params = replace(params, stop_token_ids=stops)
+    for out in generate_tp(args.model, prompts, params, args.tp, device.type, dtype):
+        print(tokenizer.decode([t for t in out if t not in stops], skip_special_tokens=True))
+    return 0
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from .runtime.session import Session
 
     params = _sampling(args)
+    if args.tp > 1:
+        return _cmd_generate_tp(args, params)
     session = Session.load(args.model, args.device, args.dtype, progress=not args.quiet,
                            compile_decode=args.compile)
     texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in sys.stdin if line.strip()]
@@ -227,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--speculate", metavar="ngram|DRAFT_MODEL", help="speculative decoding (greedy): prompt-lookup "
                    "drafts, or a draft model checkpoint sharing the tokenizer")
     g.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify step (1..16)")
+    g.add_argument("--tp", type=int, default=1, help="tensor parallelism: split the model over N GPUs (NCCL) or, "
+                   "on a machine without GPUs, N CPU processes (gloo)")
     _add_sampling_args(g)
     g.set_defaults(func=_cmd_generate)
 

@@ -1,0 +1,173 @@
+"""Tensor parallelism: each rank loads its own shard of every linear; one all-reduce after the
+row-parallel projections (o_proj, down_proj). torch.distributed with NCCL on GPUs, gloo on CPUs.
+
+- column-parallel (q/k/v, gate/up): rows (output features) split evenly — a rank keeps whole
+  attention heads and KV heads and 1/tp of the MLP width;
+- row-parallel (o, down): columns (input features) split on 16-element group boundaries, so an
+  NVFP4 rank keeps whole block scales; the partial outputs are summed by the all-reduce;
+- embeddings, norms and lm_head are replicated.
+
+The model code never sees sharding: ``ShardedSource`` slices what the checkpoint source returns.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..formats.fp8 import FP8Weight
+from ..formats.nvfp4 import GROUP_SIZE, NVFP4Weight
+from .config import ModelArgs
+from .loader import WeightSource
+
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW_PARALLEL = ("o_proj", "down_proj")
+
+
+def check_divisible(args: ModelArgs, tp: int) -> None:
+    problems = []
+    if args.num_kv_heads % tp:
+        problems.append(f"{args.num_kv_heads} key/value heads")
+    if args.num_heads % tp:
+        problems.append(f"{args.num_heads} attention heads")
+    if args.intermediate_size % (tp * GROUP_SIZE):
+        problems.append(f"intermediate size {args.intermediate_size} (needs a multiple of {tp * GROUP_SIZE})")
+    if (args.num_heads * args.head_dim) % (tp * GROUP_SIZE):
+        problems.append(f"attention width {args.num_heads * args.head_dim}")
+    if problems:
+        raise ValueError(f"cannot split this model over {tp} ranks: {', '.join(problems)} do not divide evenly")
+
+
+def rank_args(args: ModelArgs, tp: int) -> ModelArgs:
+    """The per-rank architecture: 1/tp of the heads and of the MLP width."""
+    check_divisible(args, tp)
+    return replace(args, num_heads=args.num_heads // tp, num_kv_heads=args.num_kv_heads // tp,
+                   intermediate_size=args.intermediate_size // tp)
+
+
+def _rows(w, lo: int, hi: int):
+    if isinstance(w, NVFP4Weight):
+        return NVFP4Weight(w.packed[lo:hi], w.block_scale[lo:hi], w.global_scale)
+    if isinstance(w, FP8Weight):
+        scale = w.scale.reshape(-1)[lo:hi] if w.scale.numel() > 1 else w.scale
+        return FP8Weight(w.weight[lo:hi], scale)
+    return w[lo:hi]
+
+
+def _cols(w, lo: int, hi: int):
+    if isinstance(w, NVFP4Weight):
+        return NVFP4Weight(w.packed[:, lo // 2:hi // 2], w.block_scale[:, lo // GROUP_SIZE:hi // GROUP_SIZE],
+                           w.global_scale)
+    if isinstance(w, FP8Weight):
+        return FP8Weight(w.weight[:, lo:hi], w.scale)
+    return w[:, lo:hi]
+
+
+class ShardedSource(WeightSource):
+    """Wraps a full-model source; asked with per-rank shapes, it loads full tensors and slices."""
+
+    def __init__(self, inner: WeightSource, rank: int, tp: int):
+        self.inner, self.rank, self.tp = inner, rank, tp
+
+    def linear(self, name, out_features, in_features):
+        leaf = name.rsplit(".", 1)[-1]
+        r, tp = self.rank, self.tp
+        if leaf in COLUMN_PARALLEL:
+            w, b = self.inner.linear(name, out_features * tp, in_features)
+            lo, hi = r * out_features, (r + 1) * out_features
+            return _rows(w, lo, hi), (b[lo:hi] if b is not None else None)
+        if leaf in ROW_PARALLEL:
+            w, b = self.inner.linear(name, out_features, in_features * tp)
+            if b is not None:
+                raise ValueError(f"{name} has a bias; row-parallel layers with biases are not supported")
+            return _cols(w, r * in_features, (r + 1) * in_features), None
+        return self.inner.linear(name, out_features, in_features)
+
+    def tensor(self, name, shape, device, dtype):
+        return self.inner.tensor(name, shape, device, dtype)
+
+    def has_linear(self, name):
+        return self.inner.has_linear(name)
+
+
+class AllReduce(nn.Module):
+    """A row-parallel linear followed by the sum of the ranks' partial outputs."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        dist.all_reduce(y)
+        return y
+
+
+def wrap_row_parallel(model: nn.Module) -> None:
+    for blk in model.blocks:
+        blk.attn.o_proj = AllReduce(blk.attn.o_proj)
+        blk.mlp.down = AllReduce(blk.mlp.down)
+
+
+def load_model_tp(path, device, dtype, rank: int, tp: int, progress: bool = False):
+    """This rank's shard of the checkpoint at ``path`` (the process group must be initialised)."""
+    from ..checkpoint.reader import CheckpointReader
+    from .loader import CheckpointSource, build_model
+
+    reader = CheckpointReader(path)
+    args = ModelArgs.from_hf(reader.config)
+    model = build_model(rank_args(args, tp), ShardedSource(CheckpointSource(reader), rank, tp),
+                        torch.device(device), dtype, progress and rank == 0)
+    wrap_row_parallel(model)
+    return model
+
+
+def init_process_group(rank: int, tp: int, device_type: str, port: int) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=tp)
+
+
+def generate_worker(rank: int, tp: int, path: str, prompts: list, params, device_type: str, dtype_name: str,
+                    port: int, result_file: str) -> None:
+    """One rank of ``generate_tp``: load the shard, generate (every rank takes the same greedy or
+    same-seeded sampling decisions), rank 0 writes the tokens."""
+    import json
+
+    from .generate import generate
+
+    init_process_group(rank, tp, device_type, port)
+    try:
+        device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+        model = load_model_tp(path, device, getattr(torch, dtype_name), rank, tp)
+        out = generate(model, prompts, params)
+        if rank == 0:
+            with open(result_file, "w") as f:
+                json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def generate_tp(path, prompts: list, params, tp: int, device_type: str = "cpu", dtype_name: str = "float32",
+                port: int = 29517) -> list[list[int]]:
+    """Greedy / sampled generation with the model split over ``tp`` processes (one per GPU, or CPU ranks)."""
+    import json
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    if device_type == "cuda" and torch.cuda.device_count() < tp:
+        raise ValueError(f"--tp {tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "tokens.json")
+        mp.spawn(generate_worker, args=(tp, str(path), prompts, params, device_type, dtype_name, port, result),
+                 nprocs=tp, join=True)
+        with open(result) as f:
+            return json.load(f)

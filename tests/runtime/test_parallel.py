@@ -1,0 +1,53 @@
+"""Tensor parallelism on the CPU (gloo, 2 processes): sharded greedy output equals one process."""
+
+import socket
+
+import pytest
+import torch
+
+from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
+from anyfp4.runtime.config import ModelArgs
+from anyfp4.runtime.generate import SamplingParams, generate
+from anyfp4.runtime.loader import load_model
+from anyfp4.runtime.parallel import generate_tp, rank_args
+from helpers import TINY_LLAMA, write_float_checkpoint
+
+CONFIG = dict(TINY_LLAMA, intermediate_size=128)  # 64 per rank: whole 16-element groups
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed"])
+def test_tp2_equals_single_process(tmp_path, fmt):
+    src = write_float_checkpoint(tmp_path / "src", CONFIG)
+    ckpt = quantize_checkpoint(src, tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+    prompts = [[5, 6, 7, 8, 9], [1, 2, 3]]
+    params = SamplingParams(max_new_tokens=12)
+    model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    single = generate(model, prompts, params)
+    assert generate_tp(ckpt, prompts, params, tp=2, port=free_port()) == single
+
+
+def test_uneven_splits_are_refused():
+    args = ModelArgs.from_hf(dict(CONFIG, num_key_value_heads=1, num_attention_heads=4))
+    with pytest.raises(ValueError, match="cannot split this model over 2 ranks: 1 key/value heads"):
+        rank_args(args, 2)
+    with pytest.raises(ValueError, match="intermediate size 96"):
+        rank_args(ModelArgs.from_hf(TINY_LLAMA), 4)
+
+
+@pytest.mark.slow
+def test_cli_tp_on_smollm2(smollm2_bf16, tmp_path, capsys, monkeypatch):
+    from anyfp4.cli import main
+
+    ckpt = quantize_checkpoint(smollm2_bf16, tmp_path / "fp8", QuantizeOptions(format=TargetFormat.FP8,
+                                                                                progress=False)).dst
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    assert main(["generate", str(ckpt), "--prompt", "What is the capital of France?", "--chat", "--tp", "3",
+                 "--max-tokens", "12", "--device", "cpu", "--quiet"]) == 0
+    assert "Paris" in capsys.readouterr().out
