@@ -50,6 +50,13 @@ def _sampling(args: argparse.Namespace):
         raise SystemExit(f"anyfp4 {args.command}: {e}") from None
 
 
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+    texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:
+        raise SystemExit("anyfp4 generate: give --prompt TEXT or prompts on standard input, one per line")
+    return texts
+
+
 def _cmd_generate_tp(args: argparse.Namespace, params) -> int:
     from transformers import AutoTokenizer
 
@@ -59,7 +66,7 @@ def _cmd_generate_tp(args: argparse.Namespace, params) -> int:
     device = pick_device(args.device)
     dtype = str(pick_dtype(args.dtype, device)).replace("torch.", "")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    texts = _read_prompts(args)
     if args.chat:
         prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                                       tokenize=True, return_dict=True)["input_ids"]) for t in texts]
@@ -80,9 +87,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         return _cmd_generate_tp(args, params)
     session = Session.load(args.model, args.device, args.dtype, progress=not args.quiet,
                            compile_decode=args.compile)
-    texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    if not texts:
-        raise SystemExit("anyfp4 generate: give --prompt TEXT or prompts on standard input, one per line")
+    texts = _read_prompts(args)
     prompts = [session.encode_chat([{"role": "user", "content": t}]) if args.chat else session.encode(t)
                for t in texts]
     try:
