@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..env import triton_interpret
 from ..formats.fp8 import FP8Weight
+from .bit_decode import e4m3_fp16
 from .nvfp4_dequant import round_to_output, workspace
 from .nvfp4_prepack import K_ALIGN, ROW_ALIGN, _round_up
 
@@ -77,7 +78,7 @@ def _fp8_row_tile(x_ptr, codes_ptr, rows, t, j, K, stride_c, BLOCK_K: tl.constex
         kk = t * BLOCK_K + j * 4 + i
         xi = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
         b = words >> (8 * i)
-        w = (((b & 0x7F) << 7) | ((b & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        w = e4m3_fp16(b).to(tl.float32)
         part += w * xi[None, :]
     return tl.sum(part, axis=1)
 
@@ -117,7 +118,7 @@ def fp8_dequant_kernel(codes_ptr, scales_ptr, out_ptr, N, K, ROW0, stride_c, str
     rows = ROW0 + offs_n
     words = tl.load(codes_ptr + rows[:, None] * stride_c + (k0 // 4 + tl.arange(0, BLOCK_K // 4))[None, :])
     b = tl.reshape((words[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]), (BLOCK_N, BLOCK_K))
-    w = (((b & 0x7F) << 7) | ((b & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    w = e4m3_fp16(b).to(tl.float32)
     y = (w * 256.0) * tl.load(scales_ptr + rows)[:, None]
     offs_k = k0 + tl.arange(0, BLOCK_K)
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ..env import triton_interpret
+from .bit_decode import block_scale_fp16, e2m1_fp16, unpack_words
 from .nvfp4_dequant import round_to_output
 from .nvfp4_prepack import NVFP4Prepacked
 
@@ -50,13 +51,9 @@ def _decode_weight_tile(codes_ptr, scales_ptr, offs_n, k0, stride_c, stride_s,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """(BLOCK_N, BLOCK_K) fp16 tile holding e2m1 * block_scale * 2^-14 (exact)."""
     words = tl.load(codes_ptr + offs_n[:, None] * stride_c + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :])
-    shifts = tl.arange(0, 8) * 4
-    codes = (words[:, :, None] >> shifts[None, None, :]) & 0xF
-    codes = tl.reshape(codes, (BLOCK_N, BLOCK_K))
-    bits = ((codes & 7) << 9) | ((codes & 8) << 12)
-    w = bits.to(tl.int16).to(tl.float16, bitcast=True)
+    w = e2m1_fp16(unpack_words(words, BLOCK_N, BLOCK_K))
     sb = tl.load(scales_ptr + offs_n[:, None] * stride_s + (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :])
-    s = (sb.to(tl.int16) << 7).to(tl.float16, bitcast=True) * 256.0
+    s = block_scale_fp16(sb) * 256.0
     w = tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * s.to(tl.float16)[:, :, None]
     return tl.reshape(w, (BLOCK_N, BLOCK_K))
 

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ..env import triton_interpret
+from .bit_decode import block_scale_fp16, e2m1_fp16, unpack_words
 from .nvfp4_prepack import NVFP4Prepacked
 
 
@@ -41,12 +42,9 @@ def nvfp4_dequant_kernel(
     k0 = tl.program_id(1) * BLOCK_K
     rows = ROW0 + offs_n
     words = tl.load(codes_ptr + rows[:, None] * stride_c + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :])
-    shifts = tl.arange(0, 8) * 4
-    codes = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K))
-    # e2m1 as fp16 bits (value * 2^-14), widened to float32 exactly
-    w = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    w = e2m1_fp16(unpack_words(words, BLOCK_N, BLOCK_K)).to(tl.float32)  # e2m1 * 2^-14, exact
     sb = tl.load(scales_ptr + rows[:, None] * stride_s + (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :])
-    s = (sb.to(tl.int16) << 7).to(tl.float16, bitcast=True).to(tl.float32)  # block scale * 2^-8, exact
+    s = block_scale_fp16(sb).to(tl.float32)  # block scale * 2^-8, exact
     # (e2m1 * 2^-14) * (bs * 2^-8) is exact; * 2^22 restores it; * global scale is the one rounding
     prod = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * s[:, :, None], (BLOCK_N, BLOCK_K)) * 4194304.0
     y = prod * tl.load(gscale_ptr)
@@ -88,12 +86,9 @@ def nvfp4_prefill_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | 
     ``silu(gate) * up`` after the two products."""
     n, k = w.out_features, w.in_features
     dense = workspace(n * k, x.dtype, x.device).view(n, k)
-    if not w.gated:
-        nvfp4_dequantize(w, x.dtype, dense)
-        out = torch.matmul(x, dense.t())
-        return out + bias if bias is not None else out
     nvfp4_dequantize(w, x.dtype, dense)
-    gate = torch.matmul(x, dense.t())
-    nvfp4_dequantize(w, x.dtype, dense, row0=w.up_offset)
-    up = torch.matmul(x, dense.t())
-    return torch.nn.functional.silu(gate) * up
+    y = torch.matmul(x, dense.t())
+    if not w.gated:
+        return y + bias if bias is not None else y
+    nvfp4_dequantize(w, x.dtype, dense, row0=w.up_offset)  # stream-ordered after the first matmul
+    return torch.nn.functional.silu(y) * torch.matmul(x, dense.t())

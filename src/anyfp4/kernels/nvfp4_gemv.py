@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ..env import triton_interpret
+from .bit_decode import e2m1_fp16
 from .nvfp4_decode import DecodeConfig, _epilogue, splitk_reduce_kernel
 from .nvfp4_prepack import NVFP4Prepacked
 
@@ -38,7 +39,7 @@ def _row_tile_dot(x_ptr, codes_ptr, scales_ptr, rows, t, j, K, stride_c, stride_
         kk = t * BLOCK_K + j * 8 + i
         xi = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
         c = words >> (4 * i)
-        w = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        w = e2m1_fp16(c).to(tl.float32)
         part += w * xi[None, :]
     return tl.sum(part * scale, axis=1)
 
