@@ -32,23 +32,15 @@ def _as_prepacked(codes: Tensor, scales: Tensor, global_scale: Tensor, up_offset
     return NVFP4Prepacked(codes, scales, global_scale, out_features, in_features, up_offset)
 
 
-def _check(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_features: int, in_features: int,
-           up_offset: int, name: str) -> None:
-    """Shapes, dtypes and devices only: no value is read, so no host sync."""
+def _check_activations(x: Tensor, in_features: int, name: str, *weights: Tensor) -> None:
+    """Activation dtype and width, one device for everything, and a GPU the kernels support.
+    Shapes, dtypes and devices only: no value is read, so no host sync."""
     if x.dtype not in ACT_DTYPES and not (x.device.type == "cpu" and x.dtype == torch.float32):
         raise TypeError(f"{name}: activations must be float16 or bfloat16, got {x.dtype}")
     if x.shape[-1] != in_features:
         raise ValueError(f"{name}: x has {x.shape[-1]} features, the weight expects {in_features}")
-    if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] * 8 < in_features:
-        raise ValueError(f"{name}: codes must be a 2-D int32 prepack covering K = {in_features}, got "
-                         f"{codes.dtype} {tuple(codes.shape)}")
-    rows = up_offset + out_features if up_offset else out_features
-    if codes.shape[0] < rows or scales.dtype != torch.uint8 or scales.shape != (codes.shape[0], codes.shape[1] // 2):
-        raise ValueError(f"{name}: scales {scales.dtype} {tuple(scales.shape)} do not match codes {tuple(codes.shape)}")
-    if global_scale.dtype != torch.float32 or global_scale.numel() != 1:
-        raise ValueError(f"{name}: global_scale must be one float32 value")
-    if not (x.device == codes.device == scales.device == global_scale.device):
-        raise ValueError(f"{name}: x, codes, scales and global_scale must be on one device")
+    if any(t.device != x.device for t in weights):
+        raise ValueError(f"{name}: x and the weight tensors must be on one device")
     if x.device.type == "cuda":
         from .kernels.tuning import device_arch
 
@@ -57,6 +49,19 @@ def _check(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_f
             raise RuntimeError(f"{name}: anyfp4 kernels need compute capability 7.0 or newer, this GPU is sm_{sm}")
         if x.dtype == torch.bfloat16 and sm < 80:
             raise TypeError(f"{name}: bfloat16 activations need sm_80 or newer (this GPU is sm_{sm}); use float16")
+
+
+def _check(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_features: int, in_features: int,
+           up_offset: int, name: str) -> None:
+    _check_activations(x, in_features, name, codes, scales, global_scale)
+    if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] * 8 < in_features:
+        raise ValueError(f"{name}: codes must be a 2-D int32 prepack covering K = {in_features}, got "
+                         f"{codes.dtype} {tuple(codes.shape)}")
+    rows = up_offset + out_features if up_offset else out_features
+    if codes.shape[0] < rows or scales.dtype != torch.uint8 or scales.shape != (codes.shape[0], codes.shape[1] // 2):
+        raise ValueError(f"{name}: scales {scales.dtype} {tuple(scales.shape)} do not match codes {tuple(codes.shape)}")
+    if global_scale.dtype != torch.float32 or global_scale.numel() != 1:
+        raise ValueError(f"{name}: global_scale must be one float32 value")
 
 
 def _reference(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
@@ -140,24 +145,13 @@ def linear(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor] = None) -> Tenso
 
 def _check_fp8(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_features: int, up_offset: int,
                name: str) -> None:
-    if x.dtype not in ACT_DTYPES and not (x.device.type == "cpu" and x.dtype == torch.float32):
-        raise TypeError(f"{name}: activations must be float16 or bfloat16, got {x.dtype}")
-    if x.shape[-1] != in_features:
-        raise ValueError(f"{name}: x has {x.shape[-1]} features, the weight expects {in_features}")
+    _check_activations(x, in_features, name, codes, scales)
     rows = up_offset + out_features if up_offset else out_features
     if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] * 4 < in_features or codes.shape[0] < rows:
         raise ValueError(f"{name}: codes must be a 2-D int32 FP8 prepack covering {rows} x {in_features}, got "
                          f"{codes.dtype} {tuple(codes.shape)}")
     if scales.dtype != torch.float32 or scales.shape != (codes.shape[0],):
         raise ValueError(f"{name}: scales must be float32 ({codes.shape[0]},), got {scales.dtype} {tuple(scales.shape)}")
-    if not (x.device == codes.device == scales.device):
-        raise ValueError(f"{name}: x, codes and scales must be on one device")
-    if x.device.type == "cuda":
-        from .kernels.tuning import device_arch
-
-        sm, _ = device_arch(x.device.index if x.device.index is not None else torch.cuda.current_device())
-        if sm < 70 or (x.dtype == torch.bfloat16 and sm < 80):
-            raise RuntimeError(f"{name}: sm_{sm} cannot run {x.dtype} here (sm_70+, bf16 from sm_80)")
 
 
 def _fp8_run(x: Tensor, w, bias: Optional[Tensor]) -> Tensor:
