@@ -61,20 +61,23 @@ def _cmd_generate_tp(args: argparse.Namespace, params) -> int:
     from transformers import AutoTokenizer
 
     from .runtime.parallel import generate_tp
-    from .runtime.session import _stop_ids, pick_device, pick_dtype
+    from .runtime.session import checkpoint_stop_ids, encode_chat, pick_device, pick_dtype
 
     device = pick_device(args.device)
     dtype = str(pick_dtype(args.dtype, device)).replace("torch.", "")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     texts = _read_prompts(args)
     if args.chat:
-        prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                                      tokenize=True, return_dict=True)["input_ids"]) for t in texts]
+        prompts = [encode_chat(tokenizer, [{"role": "user", "content": t}]) for t in texts]
     else:
         prompts = [tokenizer(t)["input_ids"] for t in texts]
-    stops = _stop_ids(Path(args.model), tokenizer)
+    stops = checkpoint_stop_ids(Path(args.model), tokenizer)
     params = replace(params, stop_token_ids=stops)
-    for out in generate_tp(args.model, prompts, params, args.tp, device.type, dtype):
+    try:
+        outs = generate_tp(args.model, prompts, params, args.tp, device.type, dtype)
+    except ValueError as e:
+        raise SystemExit(f"anyfp4 generate: {e}") from None
+    for out in outs:
         print(tokenizer.decode([t for t in out if t not in stops], skip_special_tokens=True))
     return 0
 

@@ -51,3 +51,9 @@ def test_cli_tp_on_smollm2(smollm2_bf16, tmp_path, capsys, monkeypatch):
     assert main(["generate", str(ckpt), "--prompt", "What is the capital of France?", "--chat", "--tp", "3",
                  "--max-tokens", "12", "--device", "cpu", "--quiet"]) == 0
     assert "Paris" in capsys.readouterr().out
+
+
+def test_uneven_split_is_refused_before_spawning(tmp_path):
+    src = write_float_checkpoint(tmp_path / "src", dict(CONFIG, num_key_value_heads=1))
+    with pytest.raises(ValueError, match="1 key/value heads"):
+        generate_tp(src, [[1, 2]], SamplingParams(max_new_tokens=2), tp=2, port=free_port())

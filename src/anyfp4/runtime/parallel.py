@@ -163,8 +163,11 @@ def generate_tp(path, prompts: list, params, tp: int, device_type: str = "cpu", 
 
     import torch.multiprocessing as mp
 
+    from ..checkpoint.reader import CheckpointReader
+
     if device_type == "cuda" and torch.cuda.device_count() < tp:
         raise ValueError(f"--tp {tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
+    rank_args(ModelArgs.from_hf(CheckpointReader(path).config), tp)  # refuse uneven splits before spawning
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "tokens.json")
         mp.spawn(generate_worker, args=(tp, str(path), prompts, params, device_type, dtype_name, port, result),

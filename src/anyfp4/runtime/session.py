@@ -33,7 +33,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if major >= 8 else torch.float16
 
 
-def _stop_ids(path: Path, tokenizer) -> tuple[int, ...]:
+def checkpoint_stop_ids(path: Path, tokenizer) -> tuple[int, ...]:
     ids = set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
@@ -42,6 +42,14 @@ def _stop_ids(path: Path, tokenizer) -> tuple[int, ...]:
         eos = json.loads(gen.read_text()).get("eos_token_id")
         ids.update(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
     return tuple(sorted(ids))
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of ``messages`` through the tokenizer's chat template, ready for the reply."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise SystemExit("this checkpoint's tokenizer has no chat template; use `anyfp4 generate` with a raw prompt")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
 @dataclass
@@ -59,13 +67,10 @@ class Session:
         dev = pick_device(device)
         model, _ = load_model(path, dev, pick_dtype(dtype, dev), progress=progress)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        return cls(model, tokenizer, _stop_ids(Path(path), tokenizer), compile_decode)
+        return cls(model, tokenizer, checkpoint_stop_ids(Path(path), tokenizer), compile_decode)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            raise SystemExit("this checkpoint's tokenizer has no chat template; use `anyfp4 generate` with a raw prompt")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return encode_chat(self.tokenizer, messages)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text)["input_ids"]
