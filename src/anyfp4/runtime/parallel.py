@@ -130,6 +130,8 @@ def init_process_group(rank: int, tp: int, device_type: str, port: int) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
     backend = "nccl" if device_type == "cuda" else "gloo"
+    if backend == "gloo" and os.path.exists("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # CPU ranks are local: talk over loopback
     if device_type == "cuda":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, rank=rank, world_size=tp)
@@ -151,6 +153,7 @@ def generate_worker(rank: int, tp: int, path: str, prompts: list, params, device
         if rank == 0:
             with open(result_file, "w") as f:
                 json.dump(out, f)
+        dist.barrier()  # no rank tears its connections down while another still uses them
     finally:
         dist.destroy_process_group()
 
