@@ -1,0 +1,173 @@
+"""The CUDA (NVRTC) tensor-core decode kernel on a GPU: correctness against the reference for every
+config family, then a launch-config sweep against the Triton path and bf16 cuBLAS in one run.
+
+    python benchmarks/probes/mma_sweep.py --out mma_sweep.json [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nvfp4_linear import ROTATE_BYTES, SHAPES, graph_time, random_nvfp4  # noqa: E402
+
+from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4  # noqa: E402
+from anyfp4.kernels.nvfp4_mma import MMAConfig, heuristic_config, n_tiles_for, nvfp4_mma_gemm  # noqa: E402
+from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
+from anyfp4.runtime.bench import copy_bandwidth  # noqa: E402
+from anyfp4.ops import linear as nvfp4_op  # noqa: E402
+
+
+def rel_err(y, ref):
+    return ((y.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def configs_for(m: int, gated: bool, k_pad: int):
+    steps = k_pad // 128
+    for mt, warps, split in itertools.product((1, 2), (4, 8), (1, 2, 4, 8, 16, 32)):
+        if mt == 2 and (n_tiles_for(m) > 1 or gated):
+            continue
+        if split > steps:
+            continue
+        yield MMAConfig(mt, warps, split)
+
+
+def check(device, failures, results):
+    gen = torch.Generator(device=device).manual_seed(7)
+    for (n, k), dtype in itertools.product([(4120, 1552), (4096, 4096), (384, 4352)], [torch.float16, torch.bfloat16]):
+        w = random_nvfp4(n, k, device)
+        p = prepack_nvfp4(w)
+        wd = dequantize_nvfp4(w).double()
+        gate, up = random_nvfp4(n, k, device), random_nvfp4(n, k, device)
+        up = NVFP4Weight(up.packed, up.block_scale, gate.global_scale)
+        pg = prepack_nvfp4_gated(gate, up)
+        gd, ud = dequantize_nvfp4(gate).double(), dequantize_nvfp4(up).double()
+        bias = torch.randn(n, device=device, generator=gen).to(dtype)
+        for m in [1, 2, 3, 5, 8, 9, 16, 17, 31, 32]:
+            x = torch.randn(m, k, device=device, generator=gen).to(dtype)
+            if m == 3:  # magnitudes across the range the bf16 split must keep exact
+                x = x * torch.logspace(-6, 6, k, device=device).to(dtype)
+            ref = x.double() @ wd.t()
+            refb = ref + bias.double()
+            gref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
+            cfgs = [heuristic_config(n, p.codes.shape[1] * 8, m, 132, False), MMAConfig(1, 4, 1), MMAConfig(1, 8, 3)]
+            if m <= 8:
+                cfgs.append(MMAConfig(2, 4, 5))
+            for cfg in cfgs:
+                try:
+                    out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+                    y = nvfp4_mma_gemm(x, p, None, cfg, out=out).clone()
+                    y2 = nvfp4_mma_gemm(x, p, None, cfg)
+                    yb = nvfp4_mma_gemm(x, p, bias, cfg)
+                    cg = MMAConfig(1, cfg.warps, cfg.split_k)
+                    yg = nvfp4_mma_gemm(x, pg, None, cg)
+                except ValueError as e:  # row tile larger than the prepack
+                    results.append({"n": n, "k": k, "m": m, "cfg": cfg.__dict__, "skipped": str(e)})
+                    continue
+                e, eb, eg = rel_err(y, ref), rel_err(yb, refb), rel_err(yg, gref)
+                tol = 1e-3 if dtype == torch.float16 else 6e-3
+                tag = f"{n}x{k} m={m} {dtype} {cfg}"
+                if torch.isnan(y).any():
+                    failures.append(f"NaN/unwritten {tag}")
+                if not torch.equal(y, y2):
+                    failures.append(f"nondeterministic {tag}")
+                if not (e < tol and eb < tol and eg < 2 * tol):
+                    failures.append(f"error {e:.2e}/{eb:.2e}/{eg:.2e} {tag}")
+                results.append({"n": n, "k": k, "m": m, "dtype": str(dtype), "cfg": cfg.__dict__, "rel_err": e,
+                                "bias_rel_err": eb, "gated_rel_err": eg})
+    print(f"correctness: {len(results)} cases, {len(failures)} failures", flush=True)
+    for f in failures[:20]:
+        print("  FAIL", f, flush=True)
+
+
+def sweep(device, report, quick):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    shapes = SHAPES[:3] + [(28672, 8192)] if quick else SHAPES
+    ms = [1, 8, 32] if quick else [1, 2, 4, 8, 16, 32]
+    for n, k in shapes:
+        copies = max(2, ROTATE_BYTES // (n * k * 9 // 16))
+        ws = [prepack_nvfp4(random_nvfp4(n, k, device)) for _ in range(copies)]
+        bcopies = max(2, ROTATE_BYTES // (n * k * 2))
+        wb = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(bcopies)]
+        k_pad = ws[0].codes.shape[1] * 8
+        for m in ms:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wb[i % bcopies]))
+            t_op = graph_time(lambda i: nvfp4_op(x, ws[i % copies]))
+            best = None
+            rows = []
+            for cfg in configs_for(m, False, k_pad):
+                try:
+                    t = graph_time(lambda i: nvfp4_mma_gemm(x, ws[i % copies], None, cfg))
+                except ValueError:
+                    continue
+                rows.append({"cfg": cfg.__dict__, "us": t * 1e6})
+                if best is None or t < best[0]:
+                    best = (t, cfg)
+            h = heuristic_config(n, k_pad, m, torch.cuda.get_device_properties(device).multi_processor_count, False)
+            t_h = graph_time(lambda i: nvfp4_mma_gemm(x, ws[i % copies], None, h))
+            bytes_ = n * k * 9 // 16 + m * k * 2 + m * n * 2
+            entry = {"n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6, "op_us": t_op * 1e6, "best_us": best[0] * 1e6,
+                     "best_cfg": best[1].__dict__, "heuristic_us": t_h * 1e6, "heuristic_cfg": h.__dict__,
+                     "best_gbps": bytes_ / best[0] / 1e9, "speedup_best": t_bf16 / best[0],
+                     "speedup_heuristic": t_bf16 / t_h, "speedup_op": t_bf16 / t_op, "sweep": rows}
+            report["sweep"].append(entry)
+            Path(report["out"]).write_text(json.dumps(report, indent=1))
+            print(f"{n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} op {t_op*1e6:.1f} mma best {best[0]*1e6:.1f} {best[1]} "
+                  f"heur {t_h*1e6:.1f} -> {t_bf16/best[0]:.2f}x ({bytes_/best[0]/1e9:.0f} GB/s)", flush=True)
+        del ws, wb
+        torch.cuda.empty_cache()
+    # gated 2 x 14336 x 4096
+    n, k = 14336, 4096
+    copies = 12
+    gws = []
+    for _ in range(copies):
+        g, u = random_nvfp4(n, k, device), random_nvfp4(n, k, device)
+        gws.append(prepack_nvfp4_gated(g, NVFP4Weight(u.packed, u.block_scale, g.global_scale)))
+    wb = [torch.randn(2 * n, k, device=device, dtype=torch.bfloat16) for _ in range(4)]
+    for m in ms:
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wb[i % 4]))
+        best = None
+        for cfg in configs_for(m, True, 4096):
+            t = graph_time(lambda i: nvfp4_mma_gemm(x, gws[i % copies], None, cfg))
+            if best is None or t < best[0]:
+                best = (t, cfg)
+        report["gated"].append({"n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6, "best_us": best[0] * 1e6,
+                                "best_cfg": best[1].__dict__, "speedup": t_bf16 / best[0]})
+        print(f"gated 2x{n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} mma {best[0]*1e6:.1f} {best[1]}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="mma_sweep.json")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skip-sweep", action="store_true")
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "sweep": [], "gated": [],
+              "out": args.out}
+    t0 = time.time()
+    failures, results = [], []
+    check(device, failures, results)
+    report["correctness"] = {"cases": len(results), "failures": failures, "results": results}
+    report["copy_tbps"] = copy_bandwidth(device) / 1e12
+    print(f"copy {report['copy_tbps']:.2f} TB/s", flush=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    if not args.skip_sweep:
+        sweep(device, report, args.quick)
+    report["seconds"] = time.time() - t0
+    Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

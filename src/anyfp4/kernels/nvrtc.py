@@ -1,0 +1,163 @@
+"""Run-time compilation of CUDA C++ kernels with NVRTC, and their launch, through ctypes.
+
+NVRTC ships with PyTorch's CUDA wheels (no CUDA toolkit needed by users) and the driver API
+(libcuda) comes with the driver. A kernel is compiled once per (source, defines, GPU arch) into a
+cubin, loaded into the current context and launched on the current stream, so it is captured by
+CUDA graphs like any other kernel. ``available()`` says whether this machine can do it; callers
+fall back to the Triton kernels when it cannot.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+
+_LOCK = threading.Lock()
+
+
+class NVRTCError(RuntimeError):
+    pass
+
+
+def _candidate_paths() -> list[str]:
+    names = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    for pattern in ("nvidia/*/lib/libnvrtc.so*", "nvidia/cuda_nvrtc/lib/libnvrtc.so*"):
+        names += sorted(p for p in glob.glob(os.path.join(site, pattern)) if "builtins" not in p and ".alt." not in p)
+    return names
+
+
+@functools.cache
+def _nvrtc() -> ctypes.CDLL:
+    errors = []
+    for name in _candidate_paths():
+        try:
+            if os.path.isabs(name):  # NVRTC opens its builtins library by name: load it from beside first
+                for builtins in glob.glob(os.path.join(os.path.dirname(name), "libnvrtc-builtins.so*")):
+                    if ".alt." not in builtins:
+                        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+            lib = ctypes.CDLL(name)
+            lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+            return lib
+        except OSError as e:
+            errors.append(str(e))
+    raise NVRTCError("NVRTC (libnvrtc) was not found: " + "; ".join(errors[:3]))
+
+
+@functools.cache
+def _cuda() -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise NVRTCError(f"the CUDA driver library libcuda.so.1 could not be loaded: {e}") from e
+
+
+def nvrtc_version() -> tuple[int, int]:
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _nvrtc().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return major.value, minor.value
+
+
+@functools.cache
+def available() -> bool:
+    """True when NVRTC and the driver can be loaded (compilation errors still raise)."""
+    try:
+        _nvrtc()
+        _cuda()
+        return True
+    except NVRTCError:
+        return False
+
+
+def _check_nvrtc(lib: ctypes.CDLL, result: int, what: str) -> None:
+    if result != 0:
+        raise NVRTCError(f"NVRTC {what} failed: {lib.nvrtcGetErrorString(result).decode()}")
+
+
+def _check_cuda(result: int, what: str) -> None:
+    if result != 0:
+        msg = ctypes.c_char_p()
+        _cuda().cuGetErrorString(result, ctypes.byref(msg))
+        raise NVRTCError(f"CUDA {what} failed: {msg.value.decode() if msg.value else result}")
+
+
+def compile_cubin(source: str, name: str, sm: int, defines: dict[str, int]) -> bytes:
+    """Compile ``source`` for ``sm_{sm}`` with ``#define``s prepended; returns the cubin."""
+    lib = _nvrtc()
+    text = "".join(f"#define {k} {int(v)}\n" for k, v in sorted(defines.items())) + source
+    prog = ctypes.c_void_p()
+    _check_nvrtc(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), f"{name}.cu".encode(), 0, None, None),
+                 "create")
+    try:
+        opts = [f"--gpu-architecture=sm_{sm}".encode(), b"--std=c++17", b"-default-device", b"--use_fast_math"]
+        arr = (ctypes.c_char_p * len(opts))(*opts)
+        res = lib.nvrtcCompileProgram(prog, len(opts), arr)
+        if res != 0:
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(prog, log)
+            raise NVRTCError(f"compiling {name} for sm_{sm} ({defines}) failed:\n{log.value.decode()}")
+        size = ctypes.c_size_t()
+        _check_nvrtc(lib, lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
+        cubin = ctypes.create_string_buffer(size.value)
+        _check_nvrtc(lib, lib.nvrtcGetCUBIN(prog, cubin), "cubin")
+        return cubin.raw
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@dataclass
+class Kernel:
+    """A loaded kernel: ``launch(grid, block, dynamic shared bytes, args)`` on the current CUDA stream."""
+    function: ctypes.c_void_p
+    module: ctypes.c_void_p
+
+    def launch(self, grid: tuple[int, int, int], block: int, smem: int, args: list) -> None:
+        keep, ptrs = [], []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                c = ctypes.c_void_p(a.data_ptr())
+            elif isinstance(a, int):
+                c = ctypes.c_int(a)
+            else:
+                raise TypeError(f"unsupported kernel argument {type(a)}")
+            keep.append(c)
+            ptrs.append(ctypes.cast(ctypes.byref(c), ctypes.c_void_p))
+        arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        stream = torch.cuda.current_stream().cuda_stream
+        _check_cuda(_cuda().cuLaunchKernel(self.function, grid[0], grid[1], grid[2], block, 1, 1, smem,
+                                           ctypes.c_void_p(stream), arr, None), "launch")
+
+
+_LOADED: dict[tuple, Kernel] = {}
+
+
+def load(source: str, name: str, defines: dict[str, int], device: int) -> Kernel:
+    """Compile (once) and load ``name`` for ``device``'s architecture and context."""
+    props = torch.cuda.get_device_properties(device)
+    sm = props.major * 10 + props.minor
+    key = (hash(source), name, tuple(sorted(defines.items())), device)
+    with _LOCK:
+        kernel = _LOADED.get(key)
+        if kernel is None:
+            cubin = _compiled(source, name, sm, tuple(sorted(defines.items())))
+            with torch.cuda.device(device):
+                torch.cuda.current_stream()  # make sure the primary context is current
+                module, function = ctypes.c_void_p(), ctypes.c_void_p()
+                _check_cuda(_cuda().cuModuleLoadData(ctypes.byref(module), cubin), f"loading {name}")
+                _check_cuda(_cuda().cuModuleGetFunction(ctypes.byref(function), module, name.encode()),
+                            f"finding {name}")
+            kernel = _LOADED[key] = Kernel(function, module)
+    return kernel
+
+
+@functools.cache
+def _compiled(source: str, name: str, sm: int, defines: tuple) -> bytes:
+    return compile_cubin(source, name, sm, dict(defines))
