@@ -39,10 +39,10 @@ def n_tiles_for(m: int) -> int:
     return 1 if m <= 8 else 2 if m <= 16 else 4
 
 
-def stage_k(m: int, terms: int) -> int:
+def stage_k(m: int) -> int:
     """k staged in shared memory per round: a power of two in [128, 4096], at most 32 KiB."""
     kc = 4096
-    while kc > STEP_K and terms * m * (kc // 2 + 4) * 4 > 32 * 1024:
+    while kc > STEP_K and m * (kc // 2 + 4) * 4 > 32 * 1024:
         kc //= 2
     return kc
 
@@ -97,9 +97,9 @@ def nvfp4_mma_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None
     if grid_x * block_rows > (w.up_offset if w.gated else rows_total):
         raise ValueError(f"row tile {block_rows} overruns the prepack's {rows_total} rows")
     nt = n_tiles_for(m)
-    terms = 2 if x.dtype == torch.bfloat16 else 1
-    kc = stage_k(m, terms)
-    defines = dict(NT=nt, MT=c.mt, WARPS=c.warps, TERMS=terms, GATED=int(w.gated), HAS_BIAS=int(bias is not None))
+    kc = stage_k(m)
+    defines = dict(NT=nt, MT=c.mt, WARPS=c.warps, BF16=int(x.dtype == torch.bfloat16), GATED=int(w.gated),
+                   HAS_BIAS=int(bias is not None))
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = nvrtc.load(_source(), "anyfp4_nvfp4_mma", defines, device)
     if out is None:
@@ -111,7 +111,7 @@ def nvfp4_mma_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None
         counters = _counters(x.device)
     else:
         partial, counters = out, out
-    smem = terms * m * (kc // 2 + 4) * 4
+    smem = m * (kc // 2 + 4) * 4
     kernel.launch((grid_x, c.split_k, 1), c.warps * 32, smem, [
         x, w.codes, w.scales, w.global_scale, bias if bias is not None else out, out, partial, counters,
         m, k, n_rows, w.up_offset, rows_total, w.codes.stride(0) // 4, w.scales.stride(0) // 2, x.stride(0), out.stride(0), k_pad // STEP_K, kc,

@@ -15,17 +15,19 @@
 //     within [2^-24, 0.17]);
 //   - the activations are staged once per block in shared memory, permuted per 8-group to
 //     (x0, x4, x1, x5, x2, x6, x3, x7) so that one 16-byte load gives the B halves matching the pairs.
-// bf16 activations are split exactly into two fp16 terms, x = hi * 2^16 + lo * 2^-8 (exact for
-// 2^-22 <= |x| < 2^32, absolute error below 2^-33 under that), and run as two mmas.
-// The epilogue multiplies by global_scale * 2^14.
+// bf16 activations: the same bit spread into bf16 is e2m1 * 2^-126 (code 1 a bf16 subnormal); the block
+// scale enters as bs * 2^16 (from bf16 bits (b << 4) = bs * 2^-120, times 2^120, times 2^16), so the
+// product e2m1 * bs * 2^-110 is a normal bf16, exact (<= 6 significant bits), and the mma runs in bf16.
+// The epilogue multiplies by global_scale * 2^14 (fp16) or global_scale * 2^110 (bf16).
 //
 // Split-K (gridDim.y > 1): every block writes its fp32 sums to `partial`, then the last block of a row tile
 // (a counter per row tile, reset by that block) adds the partials in the fixed order z = 0, 1, ... and runs the
 // epilogue: one launch, no floating-point atomics, identical bits run after run.
 //
 // Compile-time parameters (prepended as #defines by the launcher): NT (n8 tiles: M <= 8 * NT), MT (m16 tiles
-// per warp), WARPS, TERMS (1: fp16 activations, 2: bf16 split), GATED, HAS_BIAS. The k range staged per round
-// (kc, a multiple of 128) is a run-time argument; dynamic shared memory holds TERMS * M * (kc / 2 + 4) words.
+// per warp), WARPS, BF16 (activation dtype), GATED, HAS_BIAS. The k range staged per round (kc, a multiple of
+// 128) is a run-time argument; dynamic shared memory holds M * (kc / 2 + 4) words. Each step's code words are
+// loaded one step ahead (register double buffer), across staging rounds.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -34,31 +36,54 @@ typedef unsigned short u16;
 #define ROWS_PER_BLOCK (WARPS * ROWS_PER_WARP)
 #define TILES (GATED ? 2 * MT : MT)
 
+#if BF16
+#define MAG_SHIFT 6
+#else
+#define MAG_SHIFT 9
+#endif
+
+// Codes h and h + 4 of a word, shifted down to bits 0-3 and 16-19 of v -> two fp16/bf16 values.
 __device__ __forceinline__ u32 decode_pair(u32 v) {
-    return ((v & 0x00070007u) << 9) | ((v & 0x00080008u) << 12);
+    return ((v & 0x00070007u) << MAG_SHIFT) | ((v & 0x00080008u) << 12);
 }
 
-__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+__device__ __forceinline__ u32 mul2(u32 a, u32 b) {
     u32 d;
+#if BF16
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+#else
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+#endif
     return d;
 }
 
-// fp16 bits of the E4M3 block scale byte b (>= 0), in both halves: (b << 7) is bs * 2^-8, times 256 exactly.
+// The E4M3 block scale byte b (>= 0) in both halves: fp16 bs (exact), or bf16 bs * 2^16 (exact).
 __device__ __forceinline__ u32 scale_pair(u32 b) {
-    return hmul2((b << 7) | (b << 23), 0x5C005C00u);
+#if BF16
+    return mul2(mul2((b << 4) | (b << 20), 0x7B807B80u), 0x47804780u);  // * 2^120, * 2^16
+#else
+    return mul2((b << 7) | (b << 23), 0x5C005C00u);  // (b << 7) is bs * 2^-8; * 256
+#endif
 }
 
 __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if BF16
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
 }
 
 __device__ __forceinline__ float act_to_float(u16 bits) {
-#if TERMS == 2
+#if BF16
     return __uint_as_float(((u32)bits) << 16);
 #else
     float f;
@@ -67,48 +92,18 @@ __device__ __forceinline__ float act_to_float(u16 bits) {
 #endif
 }
 
-__device__ __forceinline__ u16 float_to_half(float f) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-
-__device__ __forceinline__ float half_to_float(u16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
 __device__ __forceinline__ u16 float_to_out(float f) {
-#if TERMS == 2
     u16 h;
+#if BF16
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+#else
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+#endif
     return h;
-#else
-    return float_to_half(f);
-#endif
 }
 
-// The fp16 term(s) of one activation value (bits of the input dtype).
-__device__ __forceinline__ void split_act(u16 bits, u16* hi, u16* lo) {
-#if TERMS == 2
-    float f = act_to_float(bits);
-    u16 h = float_to_half(f * 1.52587890625e-05f);  // 2^-16
-    float r = f - half_to_float(h) * 65536.0f;
-    *hi = h;
-    *lo = float_to_half(r * 256.0f);
-#else
-    *hi = bits;
-    *lo = 0;
-#endif
-}
-
-__device__ __forceinline__ float epilogue_value(const float* c, int i) {
-#if TERMS == 2
-    return c[i] * 65536.0f + c[4 + i] * 0.00390625f;
-#else
-    return c[i];
-#endif
+__device__ __forceinline__ u32 word_of(const uint4& w, int q) {
+    return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
@@ -117,9 +112,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
     float* __restrict__ partial, int* __restrict__ counters,
     int M, int K, int N_OUT, int up_offset, int rows_total, int stride_c4, int stride_s2, int stride_xm,
     int stride_om, int nsteps, int kc) {
-    extern __shared__ __align__(16) u32 xs[];  // [TERMS][M][xs_stride], 8-groups permuted
-    const int xs_stride = kc / 2 + 4;  // u32 per staged column (+16 bytes against bank conflicts)
+    extern __shared__ __align__(16) u32 xs[];  // [M][xs_stride], 8-groups permuted to (0,4,1,5,2,6,3,7)
     __shared__ int is_last;
+    const int xs_stride = kc / 2 + 4;  // u32 per staged row (+16 bytes against bank conflicts)
+    const int round_steps = kc / 128;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -128,99 +124,110 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
     const int s_beg = (int)((long long)kz * nsteps / split);
     const int s_end = (int)((long long)(kz + 1) * nsteps / split);
 
-    // acc[tile][nt][term * 4 + i]; tiles MT.. are the up rows of a gated prepack
-    float acc[TILES][NT][4 * TERMS];
+    float acc[TILES][NT][4];
 #pragma unroll
     for (int a = 0; a < TILES; ++a)
 #pragma unroll
         for (int b = 0; b < NT; ++b)
 #pragma unroll
-            for (int c = 0; c < 4 * TERMS; ++c) acc[a][b][c] = 0.0f;
+            for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.0f;
 
+    const uint4* cptr[TILES];
+    const u16* sptr[TILES];
     int rows[TILES];
 #pragma unroll
-    for (int a = 0; a < TILES; ++a) rows[a] = (a < MT ? row0 + a * 16 : up_offset + row0 + (a - MT) * 16) + g;
+    for (int a = 0; a < TILES; ++a) {
+        rows[a] = (a < MT ? row0 + a * 16 : up_offset + row0 + (a - MT) * 16) + g;
+        cptr[a] = codes + (long long)rows[a] * stride_c4 + t;
+        sptr[a] = scales + (long long)rows[a] * stride_s2 + t;
+    }
+    const long long c8 = 8LL * stride_c4, s8 = 8LL * stride_s2;  // row g -> row g + 8
 
-    for (int c0 = s_beg; c0 < s_end; c0 += kc / 128) {
-        const int c1 = min(c0 + kc / 128, s_end);
-        const int groups = (c1 - c0) * 16;  // 8-wide k groups this round
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < M * groups; idx += WARPS * 32) {
-            const int m = idx / groups, grp = idx - m * groups;
-            const int k = c0 * 128 + grp * 8;
-            u16 hi[8], lo[8];
+    uint4 wa[TILES], wb[TILES];
+    u32 sa[TILES], sb[TILES];
+    if (s_beg < s_end) {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const u16 v = (k + i < K) ? x[(long long)m * stride_xm + k + i] : (u16)0;
-                split_act(v, &hi[i], &lo[i]);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                xs[m * xs_stride + grp * 4 + j] = (u32)hi[j] | ((u32)hi[j + 4] << 16);
-#if TERMS == 2
-                xs[(M + m) * xs_stride + grp * 4 + j] = (u32)lo[j] | ((u32)lo[j + 4] << 16);
-#endif
-            }
-        }
-        __syncthreads();
-
-        for (int s = c0; s < c1; ++s) {
-            uint4 wa[TILES], wb[TILES];
-            u32 sa[TILES], sb[TILES];
-#pragma unroll
-            for (int a = 0; a < TILES; ++a) {
-                wa[a] = codes[(long long)rows[a] * stride_c4 + s * 4 + t];
-                wb[a] = codes[(long long)(rows[a] + 8) * stride_c4 + s * 4 + t];
-                sa[a] = scales[(long long)rows[a] * stride_s2 + s * 4 + t];
-                sb[a] = scales[(long long)(rows[a] + 8) * stride_s2 + s * 4 + t];
-            }
-            const int xoff = (s - c0) * 64 + t * 16;
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                uint4 bx[NT][TERMS];
-#pragma unroll
-                for (int b = 0; b < NT; ++b)
-#pragma unroll
-                    for (int tm = 0; tm < TERMS; ++tm) {
-                        if (b * 8 + g < M) {
-                            bx[b][tm] = *reinterpret_cast<const uint4*>(&xs[(tm * M + b * 8 + g) * xs_stride + xoff + q * 4]);
-                        } else {
-                            bx[b][tm] = make_uint4(0u, 0u, 0u, 0u);
-                        }
-                    }
-#pragma unroll
-                for (int a = 0; a < TILES; ++a) {
-                    const u32 va = q == 0 ? wa[a].x : q == 1 ? wa[a].y : q == 2 ? wa[a].z : wa[a].w;
-                    const u32 vb = q == 0 ? wb[a].x : q == 1 ? wb[a].y : q == 2 ? wb[a].z : wb[a].w;
-                    const u32 bsa = scale_pair((sa[a] >> (8 * (q >> 1))) & 0xFFu);
-                    const u32 bsb = scale_pair((sb[a] >> (8 * (q >> 1))) & 0xFFu);
-                    u32 ha[4], hb[4];
-#pragma unroll
-                    for (int h = 0; h < 4; ++h) {
-                        ha[h] = hmul2(decode_pair(va >> (4 * h)), bsa);
-                        hb[h] = hmul2(decode_pair(vb >> (4 * h)), bsb);
-                    }
-#pragma unroll
-                    for (int b = 0; b < NT; ++b)
-#pragma unroll
-                        for (int tm = 0; tm < TERMS; ++tm) {
-                            mma16816(&acc[a][b][4 * tm], ha[0], hb[0], ha[1], hb[1], bx[b][tm].x, bx[b][tm].y);
-                            mma16816(&acc[a][b][4 * tm], ha[2], hb[2], ha[3], hb[3], bx[b][tm].z, bx[b][tm].w);
-                        }
-                }
-            }
+        for (int a = 0; a < TILES; ++a) {
+            wa[a] = cptr[a][s_beg * 4];
+            wb[a] = cptr[a][c8 + s_beg * 4];
+            sa[a] = sptr[a][s_beg * 4];
+            sb[a] = sptr[a][s8 + s_beg * 4];
         }
     }
 
-    // Values of this block: out rows (n) = rows[a] and rows[a] + 8, columns (m) = b * 8 + 2t + {0, 1}.
-    float val[TILES][NT][4];
+    int round_beg = s_beg, round_end = s_beg;
+    for (int s = s_beg; s < s_end; ++s) {
+        if (s == round_end) {  // stage the activations of the next kc-wide round
+            const int c1 = min(s + round_steps, s_end);
+            const int groups = (c1 - s) * 16;
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < M * groups; idx += WARPS * 32) {
+                const int m = idx / groups, grp = idx - m * groups;
+                const int k = s * 128 + grp * 8;
+                const u16* xr = x + (long long)m * stride_xm + k;
+                u16 v[8];
 #pragma unroll
-    for (int a = 0; a < TILES; ++a)
+                for (int i = 0; i < 8; ++i) v[i] = (k + i < K) ? xr[i] : (u16)0;
+                u32* dst = xs + m * xs_stride + grp * 4;
 #pragma unroll
-        for (int b = 0; b < NT; ++b)
+                for (int j = 0; j < 4; ++j) dst[j] = (u32)v[j] | ((u32)v[j + 4] << 16);
+            }
+            __syncthreads();
+            round_beg = s;
+            round_end = c1;
+        }
+        uint4 na[TILES], nb[TILES];
+        u32 nsa[TILES], nsb[TILES];
+        const bool more = s + 1 < s_end;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) val[a][b][i] = epilogue_value(acc[a][b], i);
+        for (int a = 0; a < TILES; ++a) {
+            if (more) {
+                na[a] = cptr[a][(s + 1) * 4];
+                nb[a] = cptr[a][c8 + (s + 1) * 4];
+                nsa[a] = sptr[a][(s + 1) * 4];
+                nsb[a] = sptr[a][s8 + (s + 1) * 4];
+            }
+        }
+        const int xoff = (s - round_beg) * 64 + t * 16;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            uint4 bx[NT];
+#pragma unroll
+            for (int b = 0; b < NT; ++b) {
+                if (b * 8 + g < M) {
+                    bx[b] = *reinterpret_cast<const uint4*>(&xs[(b * 8 + g) * xs_stride + xoff + q * 4]);
+                } else {
+                    bx[b] = make_uint4(0u, 0u, 0u, 0u);
+                }
+            }
+#pragma unroll
+            for (int a = 0; a < TILES; ++a) {
+                const u32 va = word_of(wa[a], q), vb = word_of(wb[a], q);
+                const u32 bsa = scale_pair((sa[a] >> (8 * (q >> 1))) & 0xFFu);
+                const u32 bsb = scale_pair((sb[a] >> (8 * (q >> 1))) & 0xFFu);
+                u32 ha[4], hb[4];
+#pragma unroll
+                for (int h = 0; h < 4; ++h) {
+                    ha[h] = mul2(decode_pair(va >> (4 * h)), bsa);
+                    hb[h] = mul2(decode_pair(vb >> (4 * h)), bsb);
+                }
+#pragma unroll
+                for (int b = 0; b < NT; ++b) {
+                    mma16816(acc[a][b], ha[0], hb[0], ha[1], hb[1], bx[b].x, bx[b].y);
+                    mma16816(acc[a][b], ha[2], hb[2], ha[3], hb[3], bx[b].z, bx[b].w);
+                }
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < TILES; ++a) {
+            wa[a] = na[a];
+            wb[a] = nb[a];
+            sa[a] = nsa[a];
+            sb[a] = nsb[a];
+        }
+    }
 
+    // This block's sums: out rows (n) rows[a] and rows[a] + 8, columns (m) b * 8 + 2t + {0, 1}.
     if (split > 1) {
         float* mine = partial + (long long)kz * M * rows_total;
 #pragma unroll
@@ -230,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int m = b * 8 + 2 * t + (i & 1), n = rows[a] + (i >> 1) * 8;
-                    if (m < M) mine[(long long)m * rows_total + n] = val[a][b][i];
+                    if (m < M) mine[(long long)m * rows_total + n] = acc[a][b][i];
                 }
         __threadfence();
         __syncthreads();
@@ -248,12 +255,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
                     float sum = 0.0f;
                     if (m < M)
                         for (int z = 0; z < split; ++z) sum += __ldcg(partial + ((long long)z * M + m) * rows_total + n);
-                    val[a][b][i] = sum;
+                    acc[a][b][i] = sum;
                 }
         if (threadIdx.x == 0) counters[blockIdx.x] = 0;
     }
 
-    const float gs = gscale[0] * 16384.0f;
+#if BF16
+    const float gs = gscale[0] * 3.602879701896397e16f, unit = 3.602879701896397e16f;  // 2^55 each: 2^110
+#else
+    const float gs = gscale[0] * 16384.0f, unit = 1.0f;  // 2^14
+#endif
 #pragma unroll
     for (int a = 0; a < MT; ++a)
 #pragma unroll
@@ -262,9 +273,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
             for (int i = 0; i < 4; ++i) {
                 const int m = b * 8 + 2 * t + (i & 1), n = rows[a] + (i >> 1) * 8;
                 if (m >= M || n >= N_OUT) continue;
-                float y = val[a][b][i] * gs;
+                float y = acc[a][b][i] * unit * gs;
 #if GATED
-                const float u = val[a + MT][b][i] * gs;
+                const float u = acc[a + MT][b][i] * unit * gs;
                 y = y / (1.0f + __expf(-y)) * u;
 #elif HAS_BIAS
                 y += act_to_float(bias[n]);
