@@ -28,6 +28,7 @@ class MMAConfig:
     mt: int = 1  # m16 tiles per warp
     warps: int = 4
     split_k: int = 1
+    depth: int = 4  # 128-wide k steps of code words in flight per thread
 
 
 @functools.cache
@@ -98,7 +99,7 @@ def nvfp4_mma_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None
         raise ValueError(f"row tile {block_rows} overruns the prepack's {rows_total} rows")
     nt = n_tiles_for(m)
     kc = stage_k(m)
-    defines = dict(NT=nt, MT=c.mt, WARPS=c.warps, BF16=int(x.dtype == torch.bfloat16), GATED=int(w.gated),
+    defines = dict(NT=nt, MT=c.mt, WARPS=c.warps, DEPTH=c.depth, BF16=int(x.dtype == torch.bfloat16), GATED=int(w.gated),
                    HAS_BIAS=int(bias is not None))
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = nvrtc.load(_source(), "anyfp4_nvfp4_mma", defines, device)

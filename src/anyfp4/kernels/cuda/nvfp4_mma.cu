@@ -25,9 +25,9 @@
 // epilogue: one launch, no floating-point atomics, identical bits run after run.
 //
 // Compile-time parameters (prepended as #defines by the launcher): NT (n8 tiles: M <= 8 * NT), MT (m16 tiles
-// per warp), WARPS, BF16 (activation dtype), GATED, HAS_BIAS. The k range staged per round (kc, a multiple of
-// 128) is a run-time argument; dynamic shared memory holds M * (kc / 2 + 4) words. Each step's code words are
-// loaded one step ahead (register double buffer), across staging rounds.
+// per warp), WARPS, DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED, HAS_BIAS. The k range staged per round (kc, a multiple of
+// 128) is a run-time argument; dynamic shared memory holds M * (kc / 2 + 4) words. Code words are loaded DEPTH
+// steps ahead into a ring of registers, across staging rounds.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -143,87 +143,86 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
     }
     const long long c8 = 8LL * stride_c4, s8 = 8LL * stride_s2;  // row g -> row g + 8
 
-    uint4 wa[TILES], wb[TILES];
-    u32 sa[TILES], sb[TILES];
-    if (s_beg < s_end) {
+    // Register ring of DEPTH steps: slot d holds step s0 + d; after its mmas it is refilled with step s0 + d + DEPTH.
+    uint4 wa[DEPTH][TILES], wb[DEPTH][TILES];
+    u32 sa[DEPTH][TILES], sb[DEPTH][TILES];
 #pragma unroll
-        for (int a = 0; a < TILES; ++a) {
-            wa[a] = cptr[a][s_beg * 4];
-            wb[a] = cptr[a][c8 + s_beg * 4];
-            sa[a] = sptr[a][s_beg * 4];
-            sb[a] = sptr[a][s8 + s_beg * 4];
-        }
-    }
+    for (int d = 0; d < DEPTH; ++d)
+#pragma unroll
+        for (int a = 0; a < TILES; ++a)
+            if (s_beg + d < s_end) {
+                const int s = s_beg + d;
+                wa[d][a] = cptr[a][s * 4];
+                wb[d][a] = cptr[a][c8 + s * 4];
+                sa[d][a] = sptr[a][s * 4];
+                sb[d][a] = sptr[a][s8 + s * 4];
+            }
 
     int round_beg = s_beg, round_end = s_beg;
-    for (int s = s_beg; s < s_end; ++s) {
-        if (s == round_end) {  // stage the activations of the next kc-wide round
-            const int c1 = min(s + round_steps, s_end);
-            const int groups = (c1 - s) * 16;
-            __syncthreads();
-            for (int idx = threadIdx.x; idx < M * groups; idx += WARPS * 32) {
-                const int m = idx / groups, grp = idx - m * groups;
-                const int k = s * 128 + grp * 8;
-                const u16* xr = x + (long long)m * stride_xm + k;
-                u16 v[8];
+    for (int s0 = s_beg; s0 < s_end; s0 += DEPTH) {
 #pragma unroll
-                for (int i = 0; i < 8; ++i) v[i] = (k + i < K) ? xr[i] : (u16)0;
-                u32* dst = xs + m * xs_stride + grp * 4;
+        for (int d = 0; d < DEPTH; ++d) {
+            const int s = s0 + d;
+            if (s >= s_end) break;
+            if (s == round_end) {  // stage the activations of the next kc-wide round
+                const int c1 = min(s + round_steps, s_end);
+                const int groups = (c1 - s) * 16;
+                __syncthreads();
+                for (int idx = threadIdx.x; idx < M * groups; idx += WARPS * 32) {
+                    const int m = idx / groups, grp = idx - m * groups;
+                    const int k = s * 128 + grp * 8;
+                    const u16* xr = x + (long long)m * stride_xm + k;
+                    u16 v[8];
 #pragma unroll
-                for (int j = 0; j < 4; ++j) dst[j] = (u32)v[j] | ((u32)v[j + 4] << 16);
-            }
-            __syncthreads();
-            round_beg = s;
-            round_end = c1;
-        }
-        uint4 na[TILES], nb[TILES];
-        u32 nsa[TILES], nsb[TILES];
-        const bool more = s + 1 < s_end;
+                    for (int i = 0; i < 8; ++i) v[i] = (k + i < K) ? xr[i] : (u16)0;
+                    u32* dst = xs + m * xs_stride + grp * 4;
 #pragma unroll
-        for (int a = 0; a < TILES; ++a) {
-            if (more) {
-                na[a] = cptr[a][(s + 1) * 4];
-                nb[a] = cptr[a][c8 + (s + 1) * 4];
-                nsa[a] = sptr[a][(s + 1) * 4];
-                nsb[a] = sptr[a][s8 + (s + 1) * 4];
-            }
-        }
-        const int xoff = (s - round_beg) * 64 + t * 16;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            uint4 bx[NT];
-#pragma unroll
-            for (int b = 0; b < NT; ++b) {
-                if (b * 8 + g < M) {
-                    bx[b] = *reinterpret_cast<const uint4*>(&xs[(b * 8 + g) * xs_stride + xoff + q * 4]);
-                } else {
-                    bx[b] = make_uint4(0u, 0u, 0u, 0u);
+                    for (int j = 0; j < 4; ++j) dst[j] = (u32)v[j] | ((u32)v[j + 4] << 16);
                 }
+                __syncthreads();
+                round_beg = s;
+                round_end = c1;
             }
+            const int xoff = (s - round_beg) * 64 + t * 16;
 #pragma unroll
-            for (int a = 0; a < TILES; ++a) {
-                const u32 va = word_of(wa[a], q), vb = word_of(wb[a], q);
-                const u32 bsa = scale_pair((sa[a] >> (8 * (q >> 1))) & 0xFFu);
-                const u32 bsb = scale_pair((sb[a] >> (8 * (q >> 1))) & 0xFFu);
-                u32 ha[4], hb[4];
-#pragma unroll
-                for (int h = 0; h < 4; ++h) {
-                    ha[h] = mul2(decode_pair(va >> (4 * h)), bsa);
-                    hb[h] = mul2(decode_pair(vb >> (4 * h)), bsb);
-                }
+            for (int q = 0; q < 4; ++q) {
+                uint4 bx[NT];
 #pragma unroll
                 for (int b = 0; b < NT; ++b) {
-                    mma16816(acc[a][b], ha[0], hb[0], ha[1], hb[1], bx[b].x, bx[b].y);
-                    mma16816(acc[a][b], ha[2], hb[2], ha[3], hb[3], bx[b].z, bx[b].w);
+                    if (b * 8 + g < M) {
+                        bx[b] = *reinterpret_cast<const uint4*>(&xs[(b * 8 + g) * xs_stride + xoff + q * 4]);
+                    } else {
+                        bx[b] = make_uint4(0u, 0u, 0u, 0u);
+                    }
+                }
+#pragma unroll
+                for (int a = 0; a < TILES; ++a) {
+                    const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
+                    const u32 bsa = scale_pair((sa[d][a] >> (8 * (q >> 1))) & 0xFFu);
+                    const u32 bsb = scale_pair((sb[d][a] >> (8 * (q >> 1))) & 0xFFu);
+                    u32 ha[4], hb[4];
+#pragma unroll
+                    for (int h = 0; h < 4; ++h) {
+                        ha[h] = mul2(decode_pair(va >> (4 * h)), bsa);
+                        hb[h] = mul2(decode_pair(vb >> (4 * h)), bsb);
+                    }
+#pragma unroll
+                    for (int b = 0; b < NT; ++b) {
+                        mma16816(acc[a][b], ha[0], hb[0], ha[1], hb[1], bx[b].x, bx[b].y);
+                        mma16816(acc[a][b], ha[2], hb[2], ha[3], hb[3], bx[b].z, bx[b].w);
+                    }
                 }
             }
-        }
+            if (s + DEPTH < s_end) {
+                const int sn = s + DEPTH;
 #pragma unroll
-        for (int a = 0; a < TILES; ++a) {
-            wa[a] = na[a];
-            wb[a] = nb[a];
-            sa[a] = nsa[a];
-            sb[a] = nsb[a];
+                for (int a = 0; a < TILES; ++a) {
+                    wa[d][a] = cptr[a][sn * 4];
+                    wb[d][a] = cptr[a][c8 + sn * 4];
+                    sa[d][a] = sptr[a][sn * 4];
+                    sb[d][a] = sptr[a][s8 + sn * 4];
+                }
+            }
         }
     }
 
