@@ -1,7 +1,9 @@
 """The CUDA (NVRTC) tensor-core decode kernel on a GPU: correctness against the reference for every
-config family, then a launch-config sweep against the Triton path and bf16 cuBLAS in one run.
+config family, then a launch-config sweep against the production op and bf16 cuBLAS in one run.
 
-    python benchmarks/probes/mma_sweep.py --out mma_sweep.json [--quick]
+    python benchmarks/probes/mma_sweep.py --out mma_sweep.json [--quick] [--formats nvfp4 fp8] [--skip-check]
+
+The best config per (format, shape, M) is what `kernels/tuning.py`'s MMA_LAUNCH_TABLE holds.
 """
 
 from __future__ import annotations
@@ -18,21 +20,25 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fp8_linear import random_fp8  # noqa: E402
 from nvfp4_linear import ROTATE_BYTES, SHAPES, graph_time, random_nvfp4  # noqa: E402
 
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4  # noqa: E402
-from anyfp4.kernels.nvfp4_mma import MMAConfig, heuristic_config, n_tiles_for, nvfp4_mma_gemm  # noqa: E402
+from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated  # noqa: E402
+from anyfp4.kernels.weight_mma import MMAConfig, fp8_mma_gemm, heuristic_config, n_tiles_for, nvfp4_mma_gemm  # noqa: E402
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
 from anyfp4.runtime.bench import copy_bandwidth  # noqa: E402
 from anyfp4.ops import linear as nvfp4_op  # noqa: E402
+
+import anyfp4.ops  # noqa: E402,F401
 
 
 def rel_err(y, ref):
     return ((y.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def configs_for(m: int, gated: bool, k_pad: int):
-    steps = k_pad // 128
+def configs_for(m: int, gated: bool, k_pad: int, step: int = 128):
+    steps = k_pad // step
     for mt, warps, split, depth in itertools.product((1, 2), (4, 8), (1, 2, 4, 8, 16), (2, 4, 8)):
         if mt == 2 and (n_tiles_for(m) > 2 or (gated and n_tiles_for(m) > 1)):
             continue
@@ -99,62 +105,77 @@ def check(device, failures, results):
         print("  FAIL", f, flush=True)
 
 
-def sweep(device, report, quick):
+def fp8_op(x, w):
+    return torch.ops.anyfp4.fp8_linear(x, w.codes, w.scales, None, w.out_features, w.in_features)
+
+
+FORMATS = {  # name: (make a random prepack, bytes per weight, kernel, op, main-loop k step)
+    "nvfp4": (lambda n, k, d: prepack_nvfp4(random_nvfp4(n, k, d)), 9 / 16, nvfp4_mma_gemm, nvfp4_op, 128),
+    "fp8": (lambda n, k, d: prepack_fp8(random_fp8(n, k, d)), 1.0, fp8_mma_gemm, fp8_op, 64),
+}
+
+
+def sweep(device, report, quick, fmt):
     torch.backends.cuda.matmul.allow_tf32 = False
+    make, bpw, kernel, op, step = FORMATS[fmt]
     shapes = SHAPES[:3] + [(28672, 8192)] if quick else SHAPES
     ms = [1, 8, 32] if quick else [1, 2, 4, 8, 16, 32]
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
     for n, k in shapes:
-        copies = max(2, ROTATE_BYTES // (n * k * 9 // 16))
-        ws = [prepack_nvfp4(random_nvfp4(n, k, device)) for _ in range(copies)]
+        copies = max(2, int(ROTATE_BYTES // (n * k * bpw)))
+        ws = [make(n, k, device) for _ in range(copies)]
         bcopies = max(2, ROTATE_BYTES // (n * k * 2))
         wb = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(bcopies)]
-        k_pad = ws[0].codes.shape[1] * 8
+        k_pad = ws[0].codes.shape[1] * (8 if fmt == "nvfp4" else 4)
         for m in ms:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wb[i % bcopies]))
-            t_op = graph_time(lambda i: nvfp4_op(x, ws[i % copies]))
+            t_op = graph_time(lambda i: op(x, ws[i % copies]))
             best = None
             rows = []
-            for cfg in configs_for(m, False, k_pad):
+            for cfg in configs_for(m, False, k_pad, step):
                 try:
-                    t = graph_time(lambda i: nvfp4_mma_gemm(x, ws[i % copies], None, cfg))
+                    t = graph_time(lambda i: kernel(x, ws[i % copies], None, cfg))
                 except ValueError:
                     continue
                 rows.append({"cfg": cfg.__dict__, "us": t * 1e6})
                 if best is None or t < best[0]:
                     best = (t, cfg)
-            h = heuristic_config(n, k_pad, m, torch.cuda.get_device_properties(device).multi_processor_count, False)
-            t_h = graph_time(lambda i: nvfp4_mma_gemm(x, ws[i % copies], None, h))
-            bytes_ = n * k * 9 // 16 + m * k * 2 + m * n * 2
-            entry = {"n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6, "op_us": t_op * 1e6, "best_us": best[0] * 1e6,
-                     "best_cfg": best[1].__dict__, "heuristic_us": t_h * 1e6, "heuristic_cfg": h.__dict__,
-                     "best_gbps": bytes_ / best[0] / 1e9, "speedup_best": t_bf16 / best[0],
+            h = heuristic_config(n, k_pad, m, sms, False, fmt)
+            t_h = graph_time(lambda i: kernel(x, ws[i % copies], None, h))
+            bytes_ = n * k * bpw + m * k * 2 + m * n * 2
+            entry = {"format": fmt, "n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6, "op_us": t_op * 1e6,
+                     "best_us": best[0] * 1e6, "best_cfg": best[1].__dict__, "heuristic_us": t_h * 1e6,
+                     "heuristic_cfg": h.__dict__, "best_gbps": bytes_ / best[0] / 1e9, "speedup_best": t_bf16 / best[0],
                      "speedup_heuristic": t_bf16 / t_h, "speedup_op": t_bf16 / t_op, "sweep": rows}
             report["sweep"].append(entry)
             Path(report["out"]).write_text(json.dumps(report, indent=1))
-            print(f"{n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} op {t_op*1e6:.1f} mma best {best[0]*1e6:.1f} {best[1]} "
-                  f"heur {t_h*1e6:.1f} -> {t_bf16/best[0]:.2f}x ({bytes_/best[0]/1e9:.0f} GB/s)", flush=True)
+            print(f"{fmt} {n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} op {t_op*1e6:.1f} mma best {best[0]*1e6:.1f} "
+                  f"{best[1]} heur {t_h*1e6:.1f} -> {t_bf16/best[0]:.2f}x ({bytes_/best[0]/1e9:.0f} GB/s)", flush=True)
         del ws, wb
         torch.cuda.empty_cache()
     # gated 2 x 14336 x 4096
     n, k = 14336, 4096
-    copies = 12
+    copies = 12 if fmt == "nvfp4" else 6
     gws = []
     for _ in range(copies):
-        g, u = random_nvfp4(n, k, device), random_nvfp4(n, k, device)
-        gws.append(prepack_nvfp4_gated(g, NVFP4Weight(u.packed, u.block_scale, g.global_scale)))
+        if fmt == "nvfp4":
+            g, u = random_nvfp4(n, k, device), random_nvfp4(n, k, device)
+            gws.append(prepack_nvfp4_gated(g, NVFP4Weight(u.packed, u.block_scale, g.global_scale)))
+        else:
+            gws.append(prepack_fp8_gated(random_fp8(n, k, device), random_fp8(n, k, device)))
     wb = [torch.randn(2 * n, k, device=device, dtype=torch.bfloat16) for _ in range(4)]
     for m in ms:
         x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
         t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wb[i % 4]))
         best = None
-        for cfg in configs_for(m, True, 4096):
-            t = graph_time(lambda i: nvfp4_mma_gemm(x, gws[i % copies], None, cfg))
+        for cfg in configs_for(m, True, 4096, step):
+            t = graph_time(lambda i: kernel(x, gws[i % copies], None, cfg))
             if best is None or t < best[0]:
                 best = (t, cfg)
-        report["gated"].append({"n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6, "best_us": best[0] * 1e6,
-                                "best_cfg": best[1].__dict__, "speedup": t_bf16 / best[0]})
-        print(f"gated 2x{n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} mma {best[0]*1e6:.1f} {best[1]}", flush=True)
+        report["gated"].append({"format": fmt, "n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6,
+                                "best_us": best[0] * 1e6, "best_cfg": best[1].__dict__, "speedup": t_bf16 / best[0]})
+        print(f"{fmt} gated 2x{n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} mma {best[0]*1e6:.1f} {best[1]}", flush=True)
 
 
 def main():
@@ -162,19 +183,23 @@ def main():
     ap.add_argument("--out", default="mma_sweep.json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--formats", nargs="+", default=["nvfp4", "fp8"], choices=list(FORMATS))
     args = ap.parse_args()
     device = torch.device("cuda")
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "sweep": [], "gated": [],
               "out": args.out}
     t0 = time.time()
     failures, results = [], []
-    check(device, failures, results)
+    if not args.skip_check:
+        check(device, failures, results)
     report["correctness"] = {"cases": len(results), "failures": failures, "results": results}
     report["copy_tbps"] = copy_bandwidth(device) / 1e12
     print(f"copy {report['copy_tbps']:.2f} TB/s", flush=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     if not args.skip_sweep:
-        sweep(device, report, args.quick)
+        for fmt in args.formats:
+            sweep(device, report, args.quick, fmt)
     report["seconds"] = time.time() - t0
     Path(args.out).write_text(json.dumps(report, indent=1))
 

@@ -32,3 +32,19 @@ def act_pack_mode() -> str:
     if value not in ACT_PACK_CHOICES:
         raise ValueError(f"ANYFP4_ACT_PACK must be one of {', '.join(ACT_PACK_CHOICES)}, got {value!r}")
     return value
+
+
+KERNEL_CHOICES = ("auto", "cuda", "triton")
+
+
+def kernel_choice() -> str:
+    """``ANYFP4_KERNELS``: which decode kernels serve M <= 32 on the GPU. ``auto`` (default): the CUDA
+    tensor-core kernels (compiled at run time by NVRTC) on sm_80+ when NVRTC is found, the Triton kernels
+    otherwise; ``cuda``: the CUDA kernels or an error; ``triton``: always the Triton kernels.
+
+    Read inside the custom ops at call time, so it never changes what torch.compile traces.
+    """
+    value = os.environ.get("ANYFP4_KERNELS", "auto").strip().lower()
+    if value not in KERNEL_CHOICES:
+        raise ValueError(f"ANYFP4_KERNELS must be one of {', '.join(KERNEL_CHOICES)}, got {value!r}")
+    return value

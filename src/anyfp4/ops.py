@@ -9,9 +9,11 @@
   prepack (``kernels.fp8_linear``): M = 1 runs an FP8 GEMV kernel, larger M dequantizes + cuBLAS.
 
 Inside the op (so torch.compile and CUDA graphs never bake a branch in): on CUDA, M = rows of
-``x`` picks the kernel — M = 1: the GEMV kernel; M <= 32: the tensor-core decode kernel (launch
-table or heuristic, activation block-pack by ``ANYFP4_ACT_PACK``); larger M: dequantize +
-cuBLAS (prefill). On the CPU: the pure-torch reference.
+``x`` picks the kernel — M <= 32 on sm_80+: the CUDA tensor-core decode kernel (``kernels.weight_mma``,
+NVRTC, launch table or heuristic; ``ANYFP4_KERNELS=triton`` turns it off); otherwise M = 1: the Triton
+GEMV kernel, M <= 32: the Triton tensor-core decode kernel (activation block-pack by
+``ANYFP4_ACT_PACK``); larger M: dequantize + cuBLAS (prefill). FP8 follows the same split (Triton:
+GEMV at M = 1, dequantize + cuBLAS above). On the CPU: the pure-torch reference.
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
     from .kernels.nvfp4_decode import MAX_DECODE_M, nvfp4_decode_gemm
     from .kernels.nvfp4_dequant import nvfp4_prefill_gemm
     from .kernels.nvfp4_gemv import nvfp4_gemv
-    from .kernels.tuning import act_pack_auto, decode_config, device_arch, gemv_heuristic_config
+    from .kernels import weight_mma
+    from .kernels.tuning import act_pack_auto, decode_config, device_arch, gemv_heuristic_config, mma_config
+    from .kernels.weight_mma import MAX_MMA_M
 
     x2 = x.reshape(-1, w.in_features)
     if x2.stride(-1) != 1:
@@ -91,11 +95,14 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
     if m == 0:
         return x.new_empty(*x.shape[:-1], w.out_features)
     bias = bias if not w.gated else None
-    if m == 1:
-        _, sms = device_arch(x.device.index)
-        y = nvfp4_gemv(x2, w, bias, gemv_heuristic_config(w.out_features, w.codes.shape[1] * 8, sms))
+    sm, sms = device_arch(x.device.index)
+    k_pad = w.codes.shape[1] * 8
+    if m <= MAX_MMA_M and weight_mma.enabled(sm):
+        config = mma_config(sm, sms, "nvfp4", w.gated, w.out_features, w.in_features, k_pad, m)
+        y = weight_mma.nvfp4_mma_gemm(x2, w, bias, config)
+    elif m == 1:
+        y = nvfp4_gemv(x2, w, bias, gemv_heuristic_config(w.out_features, k_pad, sms))
     elif m <= MAX_DECODE_M:
-        sm, sms = device_arch(x.device.index)
         mode = act_pack_mode()
         pack = mode == "1" or (mode == "auto" and act_pack_auto(sm, m))
         config = decode_config(sm, sms, w.out_features, w.in_features, w.codes.shape[1] * 8, m)
@@ -160,8 +167,20 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor]) -> Tensor:
 
     x2 = x.reshape(-1, w.in_features)
     if x.is_cuda:
+        from .kernels import weight_mma
+        from .kernels.tuning import device_arch, mma_config
+
         x2 = x2.contiguous()
-        y = fp8_gemv(x2, w, bias) if x2.shape[0] == 1 else fp8_matmul(x2, w, bias)
+        m = x2.shape[0]
+        bias = bias if not w.gated else None
+        sm, sms = device_arch(x.device.index)
+        if m == 0:
+            y = x2.new_empty(0, w.out_features)
+        elif m <= weight_mma.MAX_MMA_M and weight_mma.enabled(sm):
+            config = mma_config(sm, sms, "fp8", w.gated, w.out_features, w.in_features, w.codes.shape[1] * 4, m)
+            y = weight_mma.fp8_mma_gemm(x2, w, bias, config)
+        else:
+            y = fp8_gemv(x2, w, bias) if m == 1 else fp8_matmul(x2, w, bias)
         return y.reshape(*x.shape[:-1], w.out_features)
     xf = x2.float()
     if w.gated:

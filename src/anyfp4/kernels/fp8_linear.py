@@ -46,6 +46,10 @@ def _pad(weight: FP8Weight, device) -> tuple[torch.Tensor, torch.Tensor]:
     scale = weight.scale.float().reshape(-1).to(device)
     scales = torch.zeros(n_pad, dtype=torch.float32, device=device)
     scales[:n] = scale.expand(n) if scale.numel() == 1 else scale
+    if torch.device(device).type == "cuda":
+        from .weight_mma import reserve_counters
+
+        reserve_counters(torch.device(device))
     return codes.view(torch.int32), scales
 
 

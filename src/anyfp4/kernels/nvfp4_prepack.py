@@ -58,6 +58,10 @@ def prepack_nvfp4(weight: NVFP4Weight, device: torch.device | str | None = None)
     scales = torch.zeros(n_pad, k_pad // GROUP_SIZE, dtype=torch.uint8, device=device)
     scales[:n, : k // GROUP_SIZE] = weight.block_scale.to(device).view(torch.uint8)
     global_scale = weight.global_scale.to(device=device, dtype=torch.float32).reshape(1).clone()
+    if device.type == "cuda":
+        from .weight_mma import reserve_counters
+
+        reserve_counters(device)
     return NVFP4Prepacked(codes.view(torch.int32), scales, global_scale, n, k)
 
 

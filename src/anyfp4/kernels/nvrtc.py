@@ -65,6 +65,16 @@ def nvrtc_version() -> tuple[int, int]:
 
 
 @functools.cache
+def compiler_available() -> bool:
+    """True when NVRTC can be loaded (enough to compile; launching needs a GPU and its driver too)."""
+    try:
+        _nvrtc()
+        return True
+    except NVRTCError:
+        return False
+
+
+@functools.cache
 def available() -> bool:
     """True when NVRTC and the driver can be loaded (compilation errors still raise)."""
     try:

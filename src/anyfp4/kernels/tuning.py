@@ -8,6 +8,7 @@ import functools
 import torch
 
 from .nvfp4_decode import DecodeConfig
+from .weight_mma import MMAConfig, heuristic_config as mma_heuristic_config
 
 # (sm, K, N, M-bucket) -> DecodeConfig, from `benchmarks/nvfp4_linear.py --tune` on that GPU
 # (sm_90: one H200, benchmarks/results/nvfp4_linear_h200.json). M-buckets: 1, 2, 4, 8, 16, 32; a
@@ -120,3 +121,76 @@ def decode_config(sm: int, sms: int, n: int, k: int, k_pad: int, m: int) -> Deco
 def act_pack_auto(sm: int, m: int) -> bool:
     first = ACT_PACK_FROM_M.get(sm)
     return first is not None and m >= first
+
+
+# CUDA tensor-core decode kernel (weight_mma): (sm, format, gated, K, N, M-bucket) -> MMAConfig, the fastest of
+# the sweep in `benchmarks/probes/mma_sweep.py` (sm_90: one H200, benchmarks/results/nvfp4_mma_sweep_h200.json).
+MMA_LAUNCH_TABLE: dict[tuple[int, str, bool, int, int, int], MMAConfig] = {
+    (90, "nvfp4", False, 4096, 4096, 1): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 4096, 4096, 2): MMAConfig(1, 4, 8, 2),
+    (90, "nvfp4", False, 4096, 4096, 4): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 4096, 4096, 8): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 4096, 4096, 16): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 4096, 4096, 32): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 4096, 14336, 1): MMAConfig(1, 4, 1, 8),
+    (90, "nvfp4", False, 4096, 14336, 2): MMAConfig(1, 4, 1, 8),
+    (90, "nvfp4", False, 4096, 14336, 4): MMAConfig(1, 8, 2, 4),
+    (90, "nvfp4", False, 4096, 14336, 8): MMAConfig(1, 8, 2, 4),
+    (90, "nvfp4", False, 4096, 14336, 16): MMAConfig(1, 8, 1, 4),
+    (90, "nvfp4", False, 4096, 14336, 32): MMAConfig(1, 8, 2, 2),
+    (90, "nvfp4", False, 14336, 4096, 1): MMAConfig(1, 8, 8, 4),
+    (90, "nvfp4", False, 14336, 4096, 2): MMAConfig(1, 8, 8, 4),
+    (90, "nvfp4", False, 14336, 4096, 4): MMAConfig(1, 8, 8, 4),
+    (90, "nvfp4", False, 14336, 4096, 8): MMAConfig(1, 8, 8, 4),
+    (90, "nvfp4", False, 14336, 4096, 16): MMAConfig(1, 8, 8, 4),
+    (90, "nvfp4", False, 14336, 4096, 32): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 5120, 3584, 1): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 5120, 3584, 2): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 5120, 3584, 4): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 5120, 3584, 8): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 5120, 3584, 16): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 5120, 3584, 32): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 5120, 8704, 1): MMAConfig(1, 4, 8, 2),
+    (90, "nvfp4", False, 5120, 8704, 2): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 5120, 8704, 4): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 5120, 8704, 8): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 5120, 8704, 16): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 5120, 8704, 32): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 1536, 5120, 1): MMAConfig(1, 4, 4, 2),
+    (90, "nvfp4", False, 1536, 5120, 2): MMAConfig(1, 4, 4, 2),
+    (90, "nvfp4", False, 1536, 5120, 4): MMAConfig(1, 4, 4, 2),
+    (90, "nvfp4", False, 1536, 5120, 8): MMAConfig(1, 4, 4, 2),
+    (90, "nvfp4", False, 1536, 5120, 16): MMAConfig(1, 4, 4, 4),
+    (90, "nvfp4", False, 1536, 5120, 32): MMAConfig(1, 4, 4, 4),
+    (90, "nvfp4", False, 4352, 5120, 1): MMAConfig(1, 4, 8, 2),
+    (90, "nvfp4", False, 4352, 5120, 2): MMAConfig(1, 4, 8, 2),
+    (90, "nvfp4", False, 4352, 5120, 4): MMAConfig(1, 4, 8, 2),
+    (90, "nvfp4", False, 4352, 5120, 8): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 4352, 5120, 16): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 4352, 5120, 32): MMAConfig(1, 4, 8, 2),
+    (90, "nvfp4", False, 5120, 62080, 1): MMAConfig(1, 8, 1, 4),
+    (90, "nvfp4", False, 5120, 62080, 2): MMAConfig(1, 8, 1, 4),
+    (90, "nvfp4", False, 5120, 62080, 4): MMAConfig(1, 8, 1, 4),
+    (90, "nvfp4", False, 5120, 62080, 8): MMAConfig(2, 4, 1, 2),
+    (90, "nvfp4", False, 5120, 62080, 16): MMAConfig(2, 4, 1, 2),
+    (90, "nvfp4", False, 5120, 62080, 32): MMAConfig(1, 8, 1, 2),
+    (90, "nvfp4", False, 8192, 28672, 1): MMAConfig(1, 4, 8, 2),
+    (90, "nvfp4", False, 8192, 28672, 2): MMAConfig(1, 8, 1, 4),
+    (90, "nvfp4", False, 8192, 28672, 4): MMAConfig(1, 8, 1, 4),
+    (90, "nvfp4", False, 8192, 28672, 8): MMAConfig(1, 8, 1, 4),
+    (90, "nvfp4", False, 8192, 28672, 16): MMAConfig(2, 8, 8, 2),
+    (90, "nvfp4", False, 8192, 28672, 32): MMAConfig(1, 8, 1, 2),
+    (90, "nvfp4", True, 4096, 14336, 1): MMAConfig(1, 4, 4, 2),
+    (90, "nvfp4", True, 4096, 14336, 2): MMAConfig(1, 4, 4, 2),
+    (90, "nvfp4", True, 4096, 14336, 4): MMAConfig(1, 4, 4, 2),
+    (90, "nvfp4", True, 4096, 14336, 8): MMAConfig(1, 8, 2, 2),
+    (90, "nvfp4", True, 4096, 14336, 16): MMAConfig(1, 8, 1, 4),
+    (90, "nvfp4", True, 4096, 14336, 32): MMAConfig(1, 8, 1, 4),
+}
+
+
+def mma_config(sm: int, sms: int, fmt: str, gated: bool, n: int, k: int, k_pad: int, m: int) -> MMAConfig:
+    """The launch table's entry for this GPU and shape, else the heuristic (always 128-row blocks, which
+    every prepack's row padding covers)."""
+    return (MMA_LAUNCH_TABLE.get((sm, fmt, gated, k, n, m_bucket(m)))
+            or mma_heuristic_config(n, k_pad, m, sms, gated, fmt))

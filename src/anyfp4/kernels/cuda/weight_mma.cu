@@ -1,33 +1,40 @@
-// NVFP4 x fp16/bf16 decode GEMM for M <= 32 on sm_80+ tensor cores (mma.sync m16n8k16, fp32 accumulate).
+// Weight-only decode GEMM for M <= 32 on sm_80+ tensor cores (mma.sync m16n8k16, fp32 accumulate), for NVFP4
+// weights (FP8 = 0) and FP8 E4M3 weights (FP8 = 1); activations fp16 or bf16.
 //
 // out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), or silu(gate) * up for a gated prepack.
-// W comes in the NVFP4 prepack (nvfp4_prepack.py): codes int32 [N_pad, K_pad/8], code k = 8j+i in bits
-// 4i..4i+3 of word j; scales uint8 [N_pad, K_pad/16]; one float32 global scale.
+// NVFP4 prepack (nvfp4_prepack.py): codes int32 [N_pad, K_pad/8], code k = 8j+i in bits 4i..4i+3 of word j;
+// scales uint8 [N_pad, K_pad/16]; one float32 global scale. FP8 prepack (fp8_linear.py): codes int32
+// [N_pad, K_pad/4], byte k = 4j+i in bits 8i..8i+7 of word j; one float32 scale per row.
 //
 // The weight is the mma's A operand (16 rows x 16 k), the activations its B operand (16 k x 8 columns, one
 // column per activation row), so M = 1..8 costs one n8 tile and decode work is shared by all M columns.
 // The k order inside an mma is free as long as A and B agree, and each thread owns its own k slots. A thread
-// (g = lane / 4, t = lane % 4) loads 16 bytes of codes per row for rows g and g + 8 (k = 32t .. 32t + 31 of a
-// 128-wide step) and feeds them to 8 mmas straight from registers:
-//   - codes h and h + 4 of a word sit 16 bits apart, so one shift and mask decodes them into a half2:
-//     ((v & 0x00070007) << 9) | ((v & 0x00080008) << 12) is e2m1 * 2^-14 in each fp16 half, exactly;
-//   - times the block scale (fp16, exact): e2m1 * bs * 2^-14 is exact in fp16 (<= 8 significant bits,
-//     within [2^-24, 0.17]);
-//   - the activations are staged once per block in shared memory, permuted per 8-group to
-//     (x0, x4, x1, x5, x2, x6, x3, x7) so that one 16-byte load gives the B halves matching the pairs.
-// bf16 activations: the same bit spread into bf16 is e2m1 * 2^-126 (code 1 a bf16 subnormal); the block
-// scale enters as bs * 2^16 (from bf16 bits (b << 4) = bs * 2^-120, times 2^120, times 2^16), so the
-// product e2m1 * bs * 2^-110 is a normal bf16, exact (<= 6 significant bits), and the mma runs in bf16.
-// The epilogue multiplies by global_scale * 2^14 (fp16) or global_scale * 2^110 (bf16).
+// (g = lane / 4, t = lane % 4) loads 16 bytes of codes per row for rows g and g + 8 per step (NVFP4: 32 k of a
+// 128-wide step, 2 mmas per word; FP8: 16 k of a 64-wide step, 1 mma per word) and feeds them to the mmas
+// straight from registers:
+//   - NVFP4: codes h and h + 4 of a word sit 16 bits apart, so one shift and mask decodes them into a pair:
+//     ((v & 0x00070007) << 9) | ((v & 0x00080008) << 12) is e2m1 * 2^-14 in each fp16 half, exactly; times the
+//     block scale bs (fp16, exact) gives e2m1 * bs * 2^-14, exact in fp16 (<= 8 significant bits, within
+//     [2^-24, 0.17]). In bf16 the same spread with << 6 is e2m1 * 2^-126 (code 1 a subnormal), the scale enters
+//     as bs * 2^16 (bf16 bits (b << 4) are bs * 2^-120, times 2^120, times 2^16), and the product
+//     e2m1 * bs * 2^-110 is a normal bf16, exact (<= 6 significant bits).
+//   - FP8: bytes 0, 2 and 1, 3 of a word sit 16 bits apart: ((p & 0x007F007F) << 7) | ((p & 0x00800080) << 8)
+//     is e4m3 * 2^-8 in fp16, exactly (subnormals included); in bf16 (<< 4) it is e4m3 * 2^-120, times 2^120.
+//   - the activations are staged once per block in shared memory, permuted so that one load gives the B halves
+//     matching those pairs: per 8-group (x0, x4, x1, x5, x2, x6, x3, x7) for NVFP4, (x0, x2, x1, x3, x4, x6,
+//     x5, x7) for FP8.
+// The epilogue multiplies by the global scale * 2^14 (NVFP4 fp16), * 2^110 (NVFP4 bf16), or by the row's scale
+// (* 2^8 for FP8 fp16).
 //
 // Split-K (gridDim.y > 1): every block writes its fp32 sums to `partial`, then the last block of a row tile
 // (a counter per row tile, reset by that block) adds the partials in the fixed order z = 0, 1, ... and runs the
 // epilogue: one launch, no floating-point atomics, identical bits run after run.
 //
-// Compile-time parameters (prepended as #defines by the launcher): NT (n8 tiles: M <= 8 * NT), MT (m16 tiles
-// per warp), WARPS, DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED, HAS_BIAS. The k range staged per round (kc, a multiple of
-// 128) is a run-time argument; dynamic shared memory holds M * (kc / 2 + 4) words. Code words are loaded DEPTH
-// steps ahead into a ring of registers, across staging rounds.
+// Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16
+// tiles per warp), WARPS, DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED,
+// HAS_BIAS. The k range staged per round (kc, a multiple of 128) is a run-time argument; dynamic shared memory
+// holds M * (kc / 2 + 4) words. Code words are loaded DEPTH steps ahead into a ring of registers, across
+// staging rounds.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -35,6 +42,11 @@ typedef unsigned short u16;
 #define ROWS_PER_WARP (MT * 16)
 #define ROWS_PER_BLOCK (WARPS * ROWS_PER_WARP)
 #define TILES (GATED ? 2 * MT : MT)
+#if FP8
+#define STEP 64
+#else
+#define STEP 128
+#endif
 
 #if BF16
 #define MAG_SHIFT 6
@@ -42,7 +54,7 @@ typedef unsigned short u16;
 #define MAG_SHIFT 9
 #endif
 
-// Codes h and h + 4 of a word, shifted down to bits 0-3 and 16-19 of v -> two fp16/bf16 values.
+// NVFP4 codes h and h + 4 of a word, shifted down to bits 0-3 and 16-19 of v -> two fp16/bf16 values.
 __device__ __forceinline__ u32 decode_pair(u32 v) {
     return ((v & 0x00070007u) << MAG_SHIFT) | ((v & 0x00080008u) << 12);
 }
@@ -63,6 +75,15 @@ __device__ __forceinline__ u32 scale_pair(u32 b) {
     return mul2(mul2((b << 4) | (b << 20), 0x7B807B80u), 0x47804780u);  // * 2^120, * 2^16
 #else
     return mul2((b << 7) | (b << 23), 0x5C005C00u);  // (b << 7) is bs * 2^-8; * 256
+#endif
+}
+
+// FP8: E4M3 bytes in bits 0-7 and 16-23 of p -> e4m3 * 2^-8 (fp16) or e4m3 (bf16), exactly.
+__device__ __forceinline__ u32 decode_e4m3_pair(u32 p) {
+#if BF16
+    return mul2(((p & 0x007F007Fu) << 4) | ((p & 0x00800080u) << 8), 0x7B807B80u);  // * 2^120
+#else
+    return ((p & 0x007F007Fu) << 7) | ((p & 0x00800080u) << 8);
 #endif
 }
 
@@ -106,16 +127,16 @@ __device__ __forceinline__ u32 word_of(const uint4& w, int q) {
     return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
+extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const u16* __restrict__ x, const uint4* __restrict__ codes, const u16* __restrict__ scales,
     const float* __restrict__ gscale, const u16* __restrict__ bias, u16* __restrict__ out,
     float* __restrict__ partial, int* __restrict__ counters,
     int M, int K, int N_OUT, int up_offset, int rows_total, int stride_c4, int stride_s2, int stride_xm,
     int stride_om, int nsteps, int kc) {
-    extern __shared__ __align__(16) u32 xs[];  // [M][xs_stride], 8-groups permuted to (0,4,1,5,2,6,3,7)
+    extern __shared__ __align__(16) u32 xs[];  // [M][xs_stride], 8-groups permuted (see above)
     __shared__ int is_last;
     const int xs_stride = kc / 2 + 4;  // u32 per staged row (+16 bytes against bank conflicts)
-    const int round_steps = kc / 128;
+    const int round_steps = kc / STEP;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -139,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
     for (int a = 0; a < TILES; ++a) {
         rows[a] = (a < MT ? row0 + a * 16 : up_offset + row0 + (a - MT) * 16) + g;
         cptr[a] = codes + (long long)rows[a] * stride_c4 + t;
-        sptr[a] = scales + (long long)rows[a] * stride_s2 + t;
+        sptr[a] = scales + (long long)rows[a] * stride_s2 + t;  // FP8: unused
     }
     const long long c8 = 8LL * stride_c4, s8 = 8LL * stride_s2;  // row g -> row g + 8
 
@@ -154,8 +175,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
                 const int s = s_beg + d;
                 wa[d][a] = cptr[a][s * 4];
                 wb[d][a] = cptr[a][c8 + s * 4];
+#if !FP8
                 sa[d][a] = sptr[a][s * 4];
                 sb[d][a] = sptr[a][s8 + s * 4];
+#endif
             }
 
     int round_beg = s_beg, round_end = s_beg;
@@ -166,24 +189,53 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
             if (s >= s_end) break;
             if (s == round_end) {  // stage the activations of the next kc-wide round
                 const int c1 = min(s + round_steps, s_end);
-                const int groups = (c1 - s) * 16;
+                const int groups = (c1 - s) * (STEP / 8);
                 __syncthreads();
                 for (int idx = threadIdx.x; idx < M * groups; idx += WARPS * 32) {
                     const int m = idx / groups, grp = idx - m * groups;
-                    const int k = s * 128 + grp * 8;
+                    const int k = s * STEP + grp * 8;
                     const u16* xr = x + (long long)m * stride_xm + k;
                     u16 v[8];
 #pragma unroll
                     for (int i = 0; i < 8; ++i) v[i] = (k + i < K) ? xr[i] : (u16)0;
                     u32* dst = xs + m * xs_stride + grp * 4;
+#if FP8
+                    dst[0] = (u32)v[0] | ((u32)v[2] << 16);
+                    dst[1] = (u32)v[1] | ((u32)v[3] << 16);
+                    dst[2] = (u32)v[4] | ((u32)v[6] << 16);
+                    dst[3] = (u32)v[5] | ((u32)v[7] << 16);
+#else
 #pragma unroll
                     for (int j = 0; j < 4; ++j) dst[j] = (u32)v[j] | ((u32)v[j + 4] << 16);
+#endif
                 }
                 __syncthreads();
                 round_beg = s;
                 round_end = c1;
             }
-            const int xoff = (s - round_beg) * 64 + t * 16;
+            const int xoff = (s - round_beg) * (STEP / 2) + t * (STEP / 8);
+#if FP8
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {  // word q: one mma per row pair
+                uint2 bx[NT];
+#pragma unroll
+                for (int b = 0; b < NT; ++b) {
+                    if (b * 8 + g < M) {
+                        bx[b] = *reinterpret_cast<const uint2*>(&xs[(b * 8 + g) * xs_stride + xoff + q * 2]);
+                    } else {
+                        bx[b] = make_uint2(0u, 0u);
+                    }
+                }
+#pragma unroll
+                for (int a = 0; a < TILES; ++a) {
+                    const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
+                    const u32 a0 = decode_e4m3_pair(va), a2 = decode_e4m3_pair(va >> 8);
+                    const u32 a1 = decode_e4m3_pair(vb), a3 = decode_e4m3_pair(vb >> 8);
+#pragma unroll
+                    for (int b = 0; b < NT; ++b) mma16816(acc[a][b], a0, a1, a2, a3, bx[b].x, bx[b].y);
+                }
+            }
+#else
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 uint4 bx[NT];
@@ -213,14 +265,17 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
                     }
                 }
             }
+#endif
             if (s + DEPTH < s_end) {
                 const int sn = s + DEPTH;
 #pragma unroll
                 for (int a = 0; a < TILES; ++a) {
                     wa[d][a] = cptr[a][sn * 4];
                     wb[d][a] = cptr[a][c8 + sn * 4];
+#if !FP8
                     sa[d][a] = sptr[a][sn * 4];
                     sb[d][a] = sptr[a][s8 + sn * 4];
+#endif
                 }
             }
         }
@@ -259,10 +314,15 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
         if (threadIdx.x == 0) counters[blockIdx.x] = 0;
     }
 
-#if BF16
-    const float gs = gscale[0] * 3.602879701896397e16f, unit = 3.602879701896397e16f;  // 2^55 each: 2^110
+    // gscale: NVFP4 the one global scale, FP8 one scale per prepack row.
+#if FP8 && BF16
+    const float unit = 1.0f;
+#elif FP8
+    const float unit = 256.0f;  // 2^8
+#elif BF16
+    const float unit = 1.2980742146337069e33f;  // 2^110
 #else
-    const float gs = gscale[0] * 16384.0f, unit = 1.0f;  // 2^14
+    const float unit = 16384.0f;  // 2^14
 #endif
 #pragma unroll
     for (int a = 0; a < MT; ++a)
@@ -272,9 +332,17 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_nvfp4_mma(
             for (int i = 0; i < 4; ++i) {
                 const int m = b * 8 + 2 * t + (i & 1), n = rows[a] + (i >> 1) * 8;
                 if (m >= M || n >= N_OUT) continue;
-                float y = acc[a][b][i] * unit * gs;
+#if FP8
+                float y = acc[a][b][i] * unit * gscale[n];
+#else
+                float y = acc[a][b][i] * unit * gscale[0];
+#endif
 #if GATED
-                const float u = acc[a + MT][b][i] * unit * gs;
+#if FP8
+                const float u = acc[a + MT][b][i] * unit * gscale[rows[a + MT] + (i >> 1) * 8];
+#else
+                const float u = acc[a + MT][b][i] * unit * gscale[0];
+#endif
                 y = y / (1.0f + __expf(-y)) * u;
 #elif HAS_BIAS
                 y += act_to_float(bias[n]);

@@ -1,0 +1,179 @@
+"""The CUDA tensor-core decode kernel (kernels/cuda/weight_mma.cu, NVRTC): its bit tricks emulated in torch on
+the CPU, every variant compiled for sm_80..90 without a GPU (when NVRTC is installed), and on a GPU the
+kernel against the reference for NVFP4 and FP8, fp16 and bf16, every M bucket, bias, gated, split-K."""
+
+import itertools
+
+import pytest
+import torch
+
+from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
+from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
+from anyfp4.kernels import nvrtc, weight_mma
+from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
+from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated
+from anyfp4.kernels.weight_mma import MMAConfig, fp8_mma_gemm, nvfp4_mma_gemm
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_nvrtc = pytest.mark.skipif(not nvrtc.compiler_available(),
+                                 reason="NVRTC (nvidia-cuda-nvrtc) not installed")
+
+
+def halves(bits: torch.Tensor, dtype) -> torch.Tensor:
+    """int32 words -> the two 16-bit halves as ``dtype`` values, (..., 2) float64."""
+    lo, hi = bits & 0xFFFF, (bits >> 16) & 0xFFFF
+    pair = torch.stack([lo, hi], -1).to(torch.int16)
+    return pair.view(dtype).double()
+
+
+def test_nvfp4_pair_decode_and_scale_are_exact():
+    """decode_pair / scale_pair / their product, as the kernel computes them, equal e2m1 * bs times the
+    documented power of two for every code and every non-negative E4M3 scale byte."""
+    from anyfp4.formats.fp8 import e4m3_decode as e4m3_to_float
+    from anyfp4.formats.nvfp4 import e2m1_decode as e2m1_to_float
+
+    codes = torch.arange(16, dtype=torch.int32)
+    v = codes | (codes.flip(0) << 16)  # code c in the low half, 15 - c in the high half
+    b = torch.arange(0, 0x7F, dtype=torch.int32)
+    e2m1 = torch.stack([e2m1_to_float(codes.to(torch.uint8)), e2m1_to_float(codes.flip(0).to(torch.uint8))], -1).double()
+    bs = e4m3_to_float(b.to(torch.uint8)).double()
+    # fp16: ((v & 0x70007) << 9) | ((v & 0x80008) << 12) = e2m1 * 2^-14; scale (b << 7) * 256 = bs
+    w16 = halves(((v & 0x00070007) << 9) | ((v & 0x00080008) << 12), torch.float16)
+    assert torch.equal(w16, e2m1 * 2.0**-14)
+    s16 = halves((b << 7) | (b << 23), torch.float16) * 256
+    assert torch.equal(s16[:, 0], bs)
+    prod16 = (w16[None].half() * s16[:, None, 0:1].half()).double()  # one fp16 rounding, as mul.rn.f16x2
+    assert torch.equal(prod16, e2m1[None] * bs[:, None, None] * 2.0**-14)
+    # bf16: << 6 gives e2m1 * 2^-126; (b << 4) is bs * 2^-120, times 2^120 and 2^16
+    w = halves(((v & 0x00070007) << 6) | ((v & 0x00080008) << 12), torch.bfloat16)
+    assert torch.equal(w, e2m1 * 2.0**-126)
+    sb = (halves((b << 4) | (b << 20), torch.bfloat16)[:, 0].bfloat16() * 2.0**120).bfloat16() * 2.0**16
+    assert torch.equal(sb.bfloat16().double(), bs * 2.0**16)
+    prod = (w[None].bfloat16() * sb.bfloat16()[:, None, None]).double()
+    assert torch.equal(prod, e2m1[None] * bs[:, None, None] * 2.0**-110)
+
+
+def test_fp8_pair_decode_is_exact():
+    from anyfp4.formats.fp8 import e4m3_decode as e4m3_to_float
+
+    b = torch.tensor([i for i in range(256) if (i & 0x7F) != 0x7F], dtype=torch.int32)  # finite E4M3
+    p = b | (b.flip(0) << 16)
+    ref = torch.stack([e4m3_to_float(b.to(torch.uint8)), e4m3_to_float(b.flip(0).to(torch.uint8))], -1).double()
+    assert torch.equal(halves(((p & 0x007F007F) << 7) | ((p & 0x00800080) << 8), torch.float16), ref * 2.0**-8)
+    bf = halves(((p & 0x007F007F) << 4) | ((p & 0x00800080) << 8), torch.bfloat16)
+    assert torch.equal((bf * 2.0**120), ref)
+
+
+def test_staging_permutation_matches_the_pairs():
+    """The activation order staged per 8-group meets the weight pairs the kernel forms: for NVFP4 pair h of a
+    word is (code h, code h + 4), for FP8 pairs are (byte 0, 2), (byte 1, 3) of each word."""
+    nvfp4_b_order = [0, 4, 1, 5, 2, 6, 3, 7]  # x halves of the uint4 the kernel loads: (x0,x4),(x1,x5),...
+    nvfp4_a_order = [k for h in range(4) for k in (h, h + 4)]
+    assert nvfp4_a_order == nvfp4_b_order
+    fp8_b_order = [0, 2, 1, 3, 4, 6, 5, 7]  # uint2 per word: (x0,x2),(x1,x3)
+    fp8_a_order = [k for word in range(2) for k in (4 * word, 4 * word + 2, 4 * word + 1, 4 * word + 3)]
+    assert fp8_a_order == fp8_b_order
+
+
+VARIANTS = [  # (FP8, NT, MT, WARPS, DEPTH, BF16, GATED, HAS_BIAS): every value of every flag at least once
+    (0, 1, 1, 8, 2, 0, 0, 1), (0, 1, 2, 4, 4, 1, 0, 0), (0, 2, 1, 8, 2, 1, 1, 0), (0, 4, 1, 4, 2, 0, 1, 0),
+    (0, 1, 1, 4, 8, 1, 0, 1), (1, 1, 1, 8, 2, 0, 0, 1), (1, 2, 2, 4, 4, 1, 0, 0), (1, 4, 1, 8, 2, 1, 1, 0),
+]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("sm", [80, 86, 89, 90])
+def test_every_variant_compiles(sm):
+    src = weight_mma._source()
+    for fp8, nt, mt, warps, depth, bf16, gated, bias in VARIANTS:
+        cubin = nvrtc.compile_cubin(src, weight_mma.KERNEL, sm, dict(FP8=fp8, NT=nt, MT=mt, WARPS=warps, DEPTH=depth,
+                                                                     BF16=bf16, GATED=gated, HAS_BIAS=bias))
+        assert cubin[:4] == b"\x7fELF"
+
+
+def test_heuristic_configs_fit_every_prepack():
+    for n, k, m, gated, fmt in itertools.product([128, 4120, 14336], [256, 1552, 8192], [1, 8, 32], [False, True],
+                                                 ["nvfp4", "fp8"]):
+        c = weight_mma.heuristic_config(n, -(-k // 256) * 256, m, 132, gated, fmt)
+        assert weight_mma.rows_per_block(c) == 128 and c.split_k >= 1
+
+
+def rel_err(y, ref):
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def nvfp4_weight(n, k, gen, gs):
+    return NVFP4Weight(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen),
+                       torch.randint(0, 0x7F, (n, k // 16), dtype=torch.uint8, device="cuda", generator=gen).view(
+                           torch.float8_e4m3fn), gs)
+
+
+CONFIGS = [MMAConfig(1, 8, 1, 2), MMAConfig(1, 4, 3, 4), MMAConfig(2, 4, 5, 2), MMAConfig(1, 8, 8, 8)]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_nvfp4_kernel_against_reference(dtype):
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    n, k = 4224, 1552
+    gs = torch.tensor(2e-3, device="cuda")
+    w, gate, up = (nvfp4_weight(n, k, gen, gs) for _ in range(3))
+    p, pg = prepack_nvfp4(w), prepack_nvfp4_gated(gate, up)
+    wd, gd, ud = (dequantize_nvfp4(t).double() for t in (w, gate, up))
+    bias = torch.randn(n, device="cuda", generator=gen).to(dtype)
+    tol = 5e-4 if dtype == torch.float16 else 4e-3
+    for m, cfg in itertools.product([1, 2, 7, 8, 9, 16, 17, 32], CONFIGS):
+        if cfg.mt == 2 and m > 16:
+            continue
+        x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        y = nvfp4_mma_gemm(x, p, bias, cfg, out=out)
+        assert not torch.isnan(y).any(), (m, cfg)
+        assert rel_err(y, x.double() @ wd.t() + bias.double()) < tol, (m, cfg)
+        assert torch.equal(y, nvfp4_mma_gemm(x, p, bias, cfg)), "not deterministic"
+        gcfg = MMAConfig(1, cfg.warps, cfg.split_k, min(cfg.depth, 4))
+        yg = nvfp4_mma_gemm(x, pg, None, gcfg)
+        gref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
+        assert rel_err(yg, gref) < 2 * tol, (m, cfg)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_fp8_kernel_against_reference(dtype, per_channel):
+    g = torch.Generator(device="cuda").manual_seed(12)
+    n, k = 4224, 1552
+    w, gate, up = (quantize_fp8(torch.randn(n, k, device="cuda", generator=g), per_channel=per_channel)
+                   for _ in range(3))
+    p, pg = prepack_fp8(w), prepack_fp8_gated(gate, up)
+    wd, gd, ud = (dequantize_fp8(t).double() for t in (w, gate, up))
+    bias = torch.randn(n, device="cuda", generator=g).to(dtype)
+    tol = 5e-4 if dtype == torch.float16 else 4e-3
+    for m, cfg in itertools.product([1, 3, 8, 12, 32], CONFIGS):
+        if cfg.mt == 2 and m > 16:
+            continue
+        x = torch.randn(m, k, device="cuda", generator=g).to(dtype)
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        y = fp8_mma_gemm(x, p, bias, cfg, out=out)
+        assert not torch.isnan(y).any(), (m, cfg)
+        assert rel_err(y, x.double() @ wd.t() + bias.double()) < tol, (m, cfg)
+        assert torch.equal(y, fp8_mma_gemm(x, p, bias, cfg))
+        yg = fp8_mma_gemm(x, pg, None, MMAConfig(1, cfg.warps, cfg.split_k, min(cfg.depth, 4)))
+        gref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
+        assert rel_err(yg, gref) < 2 * tol, (m, cfg)
+
+
+@gpu
+def test_kernel_switch_is_read_inside_the_op(monkeypatch):
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    w = nvfp4_weight(4096, 4096, gen, torch.tensor(1e-3, device="cuda"))
+    p = prepack_nvfp4(w)
+    x = torch.randn(4, 4096, device="cuda", generator=gen).to(torch.bfloat16)
+    ref = x.double() @ dequantize_nvfp4(w).double().t()
+    for choice in ("auto", "cuda", "triton"):
+        monkeypatch.setenv("ANYFP4_KERNELS", choice)
+        y = torch.ops.anyfp4.nvfp4_linear(x, p.codes, p.scales, p.global_scale, None, 4096, 4096)
+        assert rel_err(y, ref) < 4e-3
+    monkeypatch.setenv("ANYFP4_KERNELS", "fastest")
+    with pytest.raises(ValueError, match="ANYFP4_KERNELS"):
+        torch.ops.anyfp4.nvfp4_linear(x, p.codes, p.scales, p.global_scale, None, 4096, 4096)
