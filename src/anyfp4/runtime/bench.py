@@ -53,10 +53,10 @@ def copy_bandwidth(device: torch.device, gib: int = 1, repeats: int = 7) -> floa
 @torch.no_grad()
 def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, seed: int = 0,
                 compile_decode: bool = False) -> dict:
-    from .generate import compiled_decode_step
+    from .generate import decode_step
 
     device = model.device
-    step_fn = compiled_decode_step(model) if compile_decode else model
+    step_fn = decode_step(model, compile_decode)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.args.vocab_size, (batch, prompt_len), generator=gen).to(device)
     total = prompt_len + gen_len
@@ -97,6 +97,7 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
         "bandwidth_GBps": per_token * steps / t_decode / 1e9,
         "sha256": hashlib.sha256(repr(out).encode()).hexdigest(),
         "compiled_decode": compile_decode,
+        "decode_step": "torch.compile" if compile_decode else ("cuda graph" if device.type == "cuda" else "eager"),
     }
     if device.type == "cuda":
         result["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 1024**3

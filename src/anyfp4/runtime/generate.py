@@ -57,6 +57,29 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 _COMPILED: "weakref.WeakKeyDictionary[Transformer, Callable]" = weakref.WeakKeyDictionary()
 
 
+_GRAPHED: "weakref.WeakKeyDictionary[Transformer, Callable]" = weakref.WeakKeyDictionary()
+
+
+def decode_step(model: Transformer, compile_decode: bool = False) -> Callable:
+    """What runs one-token decode steps: torch.compile when asked (``--compile``); otherwise, on CUDA, the
+    step captured in an explicit CUDA graph (``cuda_graph.GraphedDecodeStep``), cached per model; on the
+    CPU the model itself."""
+    if compile_decode:
+        return compiled_decode_step(model)
+    if model.device.type != "cuda":
+        return model
+    if model not in _GRAPHED:
+        from .cuda_graph import GraphedDecodeStep
+
+        _GRAPHED[model] = GraphedDecodeStep(model)
+    return _GRAPHED[model]
+
+
+def forget_decode_graphs(model: Transformer) -> None:
+    """Drop the model's captured decode graph (e.g. after changing ``ANYFP4_KERNELS``)."""
+    _GRAPHED.pop(model, None)
+
+
 def compiled_decode_step(model: Transformer) -> Callable:
     """The model's forward compiled for one-token decode steps (fixed shapes, so one graph; on
     CUDA with ``mode="reduce-overhead"``, which captures it in a CUDA graph). Cached per model."""
@@ -71,7 +94,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
              on_tokens: Callable[[list[int]], None] | None = None, compile_decode: bool = False) -> list[list[int]]:
     """New tokens for each prompt (stopping at a stop token, which is included, or at the limit).
     ``on_tokens`` receives each step's tokens (one per row) as they are produced.
-    ``compile_decode`` runs the decode steps through ``compiled_decode_step``."""
+    Decode steps run through ``decode_step`` (a CUDA graph on GPUs; torch.compile with ``compile_decode``)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     device = model.device
@@ -95,7 +118,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
     logits = model(tokens, torch.arange(longest, device=device), rope if padded else None,
                    valid if padded else None)
     next_pos = rope[:, -1] + 1
-    step_fn = compiled_decode_step(model) if compile_decode else model
+    step_fn = decode_step(model, compile_decode)
     out: list[list[int]] = [[] for _ in range(b)]
     done = torch.zeros(b, dtype=torch.bool, device=device)
     stops = torch.tensor(params.stop_token_ids or [-1], device=device)
