@@ -13,7 +13,8 @@ from helpers import TINY_LLAMA, write_float_checkpoint
 def test_bench_compare_checkpoints_json(tmp_path, capsys):
     src = write_float_checkpoint(tmp_path / "src")
     q = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(progress=False)).dst
-    assert main(["bench", str(q), "--compare", str(src), "--prompt-len", "8", "--gen-len", "4", "--json"]) == 0
+    assert main(["bench", str(q), "--compare", str(src), "--prompt-len", "8", "--gen-len", "4", "--json",
+                 "--device", "cpu"]) == 0
     results = json.loads(capsys.readouterr().out)
     assert [r["model"] for r in results] == [str(q), str(src)]
     for r in results:

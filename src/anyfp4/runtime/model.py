@@ -10,8 +10,30 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import ModelArgs, rope_inv_freq
+
+
+# Prefill attention backends whose forward gives the same bits run after run. cuDNN's is left out: on the H200
+# greedy text over 256+ cached tokens changed from run to run with it allowed (benchmarks/NOTES.md).
+DETERMINISTIC_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+SMALL_Q = 32  # decode and verify steps: grouped-query attention as two batched matmuls over the cache
+
+
+def attend_small(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of a few query positions over the whole static cache, without repeating K/V per query head:
+    q (b, h, t, hd), k/v (b, kvh, S, hd), mask (t, S) or (b, 1, t, S) boolean -> (b, h, t, hd). Scores and
+    softmax in float32; deterministic (batched GEMMs, no split-KV reduction)."""
+    b, h, t, hd = q.shape
+    kvh = k.shape[1]
+    g = h // kvh
+    qg = q.reshape(b, kvh, g * t, hd)  # query head i uses kv head i // g; rows ordered (group, position)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * hd**-0.5
+    m = mask.repeat(g, 1) if mask.dim() == 2 else mask.repeat(1, 1, g, 1)
+    # a large finite fill: a fully masked row (a padding position) stays finite instead of NaN
+    p = torch.softmax(scores.masked_fill(~m, -1e30), dim=-1).to(v.dtype)
+    return torch.matmul(p, v).reshape(b, h, t, hd)
 
 
 class RMSNorm(nn.Module):
@@ -62,8 +84,13 @@ class Attention(nn.Module):
         k = (k * cos + rotate_half(k) * sin).to(v.dtype)
         self.k_cache.index_copy_(2, input_pos, k)
         self.v_cache.index_copy_(2, input_pos, v)
-        y = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask,
-                                           enable_gqa=a.num_heads != a.num_kv_heads)
+        if t <= SMALL_Q:
+            y = attend_small(q, self.k_cache, self.v_cache, mask)
+        else:
+            g = a.num_heads // a.num_kv_heads
+            kr, vr = (c.repeat_interleave(g, dim=1) if g > 1 else c for c in (self.k_cache, self.v_cache))
+            with sdpa_kernel(DETERMINISTIC_SDPA):
+                y = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, a.num_heads * a.head_dim))
 
 
