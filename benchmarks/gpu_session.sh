@@ -6,15 +6,15 @@ set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
 OUT="${OUT:-./gpu-results}"; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
-timeout 150 python3 -m pytest -q -x tests/kernels tests/test_ops.py tests/runtime -k "not aot and not smollm2" \
+timeout 240 python3 -m pytest -q -x tests/kernels tests/test_ops.py tests/runtime -k "not aot and not every_variant_compiles and not parallel" \
     2>&1 | tail -5 | tee "$OUT/pytest.txt"
-timeout 120 python3 benchmarks/nvfp4_linear.py --skip-correctness --ms 1 2 8 32 --out "$OUT/nvfp4_linear.json" \
-    > "$OUT/nvfp4_linear.log" 2>&1; tail -3 "$OUT/nvfp4_linear.log"
-timeout 120 python3 benchmarks/fp8_linear.py --ms 1 8 32 1024 --out "$OUT/fp8_linear.json" \
-    > "$OUT/fp8_linear.log" 2>&1; tail -3 "$OUT/fp8_linear.log"
+timeout 240 python3 benchmarks/e2e_runner.py --out "$OUT/e2e_runner.json" > "$OUT/e2e_runner.log" 2>&1
+tail -8 "$OUT/e2e_runner.log"
 [ "${1:-}" = quick ] && exit 0
-for c in "" "--compile"; do
-  timeout 200 python3 -m anyfp4 bench --random-weights llama-3.1-8b --format nvfp4 --compare bf16 $c \
-      --prompt-len 128 --gen-len 64 --json > "$OUT/bench_llama8b_nvfp4${c:+_compile}.json" 2> "$OUT/bench${c}.err"
-  tail -2 "$OUT/bench${c}.err"
-done
+timeout 150 python3 benchmarks/nvfp4_linear.py --skip-correctness --ms 1 2 4 8 16 32 64 256 1024 4096 \
+    --out "$OUT/nvfp4_linear.json" > "$OUT/nvfp4_linear.log" 2>&1; tail -3 "$OUT/nvfp4_linear.log"
+timeout 120 python3 benchmarks/fp8_linear.py --ms 1 2 4 8 16 32 1024 4096 --out "$OUT/fp8_linear.json" \
+    > "$OUT/fp8_linear.log" 2>&1; tail -3 "$OUT/fp8_linear.log"
+timeout 200 python3 -m anyfp4 bench --random-weights llama-3.1-8b --format nvfp4 --compare bf16 --compile \
+    --prompt-len 128 --gen-len 64 --json > "$OUT/bench_llama8b_nvfp4_compile.json" 2> "$OUT/bench_compile.err"
+tail -2 "$OUT/bench_compile.err"
