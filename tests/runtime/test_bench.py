@@ -41,3 +41,12 @@ def test_random_models_run(fmt):
 def test_bench_needs_exactly_one_model(capsys):
     with pytest.raises(SystemExit, match="checkpoint directory or --random-weights"):
         main(["bench"])
+
+
+def test_bench_reports_speculation(capsys):
+    assert main(["bench", "--random-weights", "smollm2-135m", "--format", "nvfp4", "--device", "cpu", "--prompt-len",
+                 "32", "--gen-len", "12", "--speculate", "ngram", "--draft-tokens", "3", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    sp = r["speculative"]
+    assert sp["draft_tokens"] == 3 and sp["verify_steps"] >= 1 and sp["decode_tok_s"] > 0
+    assert sp["same_text"] and len(sp["sha256"]) == 64

@@ -48,8 +48,8 @@ def test_stop_token_and_limits(model):
     params = SamplingParams(max_new_tokens=20, stop_token_ids=(stop,))
     spec, _ = generate_speculative(model, prompt, params, 4)
     assert spec == generate(model, [prompt], params)[0]
-    with pytest.raises(ValueError, match="greedy"):
-        generate_speculative(model, prompt, SamplingParams(temperature=1.0), 4)
+    with pytest.raises(ValueError, match="draft_tokens"):
+        generate_speculative(model, prompt, SamplingParams(), 17)
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])
@@ -70,3 +70,30 @@ def test_draft_model_vocabulary_must_match(model, tmp_path):
     draft, _ = load_model(src, "cpu", torch.float32, progress=False)
     with pytest.raises(ValueError, match="vocabulary"):
         generate_speculative(model, [1, 2, 3], SamplingParams(max_new_tokens=4), 2, draft_model=draft)
+
+
+def test_rejection_rule_keeps_the_target_distribution():
+    """A deterministic draft accepted with probability p(x), else a resample from p without x: the
+    tokens it yields are distributed as p (20000 draws, every probability within 0.015)."""
+    from anyfp4.runtime.speculative import accept_or_resample
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05, 0.0])
+    for draft in (0, 3, 5):  # likely, unlikely, impossible drafts
+        counts = torch.zeros(6)
+        accepted = 0
+        for _ in range(20000):
+            ok, tok = accept_or_resample(p, draft, g)
+            counts[tok] += 1
+            accepted += ok
+        assert (counts / 20000 - p).abs().max() < 0.015, (draft, counts / 20000)
+        assert abs(accepted / 20000 - float(p[draft])) < 0.015
+
+
+def test_sampling_with_speculation_runs_and_is_seeded(model):
+    prompt = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5]
+    params = SamplingParams(max_new_tokens=30, temperature=0.8, top_k=20, seed=3)
+    a, stats = generate_speculative(model, prompt, params, 4)
+    b, _ = generate_speculative(model, prompt, params, 4)
+    assert a == b and len(a) == 30 and stats.verify_steps >= 1
+    assert all(0 <= t < model.args.vocab_size for t in a)

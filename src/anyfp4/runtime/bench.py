@@ -52,13 +52,21 @@ def copy_bandwidth(device: torch.device, gib: int = 1, repeats: int = 7) -> floa
 
 @torch.no_grad()
 def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, seed: int = 0,
-                compile_decode: bool = False) -> dict:
+                compile_decode: bool = False, speculate: int = 0, draft_model: Transformer | None = None) -> dict:
+    """Prefill and decode speed on a random prompt. ``speculate`` = k > 0 also runs greedy speculative
+    decoding with k drafted tokens (prompt lookup, or ``draft_model``) on the first prompt and reports its
+    speed, acceptance length and whether its text equals plain decoding; the prompt then repeats a
+    16-token random chunk, so that prompt lookup finds something (batch 1 only)."""
     from .generate import decode_step
 
     device = model.device
     step_fn = decode_step(model, compile_decode)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.args.vocab_size, (batch, prompt_len), generator=gen).to(device)
+    if speculate:
+        if batch != 1:
+            raise ValueError("bench with speculation runs batch 1")
+        prompt = prompt[:, :16].repeat(1, -(-prompt_len // 16))[:, :prompt_len]
     total = prompt_len + gen_len
     model.setup_caches(batch, total)
     model(prompt[:, :8], torch.arange(8, device=device))  # warm-up: kernels compiled, caches touched
@@ -101,4 +109,23 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
     }
     if device.type == "cuda":
         result["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 1024**3
+    if speculate:
+        from .generate import SamplingParams
+        from .speculative import generate_speculative
+
+        params = SamplingParams(max_new_tokens=gen_len)
+        generate_speculative(model, prompt[0, :8].tolist(), SamplingParams(max_new_tokens=4), speculate, draft_model)
+        _sync(device)
+        t0 = time.perf_counter()
+        spec_tokens, stats = generate_speculative(model, prompt[0].tolist(), params, speculate, draft_model)
+        _sync(device)
+        t_spec = max(time.perf_counter() - t0 - t_prefill, 1e-9)  # minus the prefill measured above
+        result["speculative"] = {
+            "draft_tokens": speculate, "drafter": "draft model" if draft_model is not None else "prompt lookup",
+            "verify_steps": stats.verify_steps, "acceptance_length": stats.acceptance_length,
+            "decode_tok_s": (len(spec_tokens) - 1) / t_spec,
+            "speedup": (len(spec_tokens) - 1) / t_spec / result["decode_tok_s"],
+            "sha256": hashlib.sha256(repr([spec_tokens]).encode()).hexdigest(),
+            "same_text": spec_tokens == out[0],
+        }
     return result

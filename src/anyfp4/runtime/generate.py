@@ -36,10 +36,9 @@ class SamplingParams:
             raise ValueError("top_k must be >= 1")
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """logits (b, vocab) float32 -> next tokens (b,)."""
-    if params.temperature == 0:
-        return logits.argmax(dim=-1)
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits (b, vocab) float32 -> the sampling distribution (b, vocab) after temperature, top-k, top-p
+    (``params.temperature`` > 0)."""
     logits = logits / params.temperature
     if params.top_k is not None:
         kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
@@ -51,7 +50,14 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         sorted_probs = sorted_probs * keep
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         probs = probs / probs.sum(dim=-1, keepdim=True)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return probs
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """logits (b, vocab) float32 -> next tokens (b,)."""
+    if params.temperature == 0:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(probabilities(logits, params), 1, generator=generator).squeeze(-1)
 
 
 _COMPILED: "weakref.WeakKeyDictionary[Transformer, Callable]" = weakref.WeakKeyDictionary()

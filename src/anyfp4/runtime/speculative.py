@@ -1,12 +1,16 @@
-"""Speculative decoding, greedy acceptance, one sequence. Drafts come from prompt lookup (n-gram)
-or from a small draft model sharing the tokenizer.
+"""Speculative decoding, one sequence. Drafts come from prompt lookup (n-gram) or from a small draft
+model sharing the tokenizer.
 
 Prompt lookup drafts up to k tokens by finding the latest earlier occurrence of the sequence's last
 n tokens (longest n first) and copying what followed it; a draft model proposes its own k greedy
 tokens (its static cache catches up on the accepted tokens first). One forward pass of M = 1 + drafts rows
-verifies them; drafted tokens are kept while they equal the model's own greedy choice, and the
-first disagreement is replaced by that choice. The static KV cache needs no explicit rollback:
-rejected entries sit at positions the causal mask hides until real tokens overwrite them.
+verifies them. Greedy: drafted tokens are kept while they equal the model's own greedy choice, and the
+first disagreement is replaced by that choice. Sampling: both drafters propose a token that is a
+deterministic function of the context, so the rejection rule keeps the target distribution p exactly:
+keep draft x with probability p(x); on rejection sample from p with x removed (renormalized); after
+the last kept draft sample the bonus token from p (``accept_or_resample``). The static KV cache needs
+no explicit rollback: rejected entries sit at positions the causal mask hides until real tokens
+overwrite them. On a GPU each verify pass of M rows replays a CUDA graph captured for that M.
 """
 
 from __future__ import annotations
@@ -16,8 +20,21 @@ from typing import Sequence
 
 import torch
 
-from .generate import SamplingParams
+from .generate import SamplingParams, decode_step, probabilities, sample
 from .model import Transformer
+
+
+def accept_or_resample(p: torch.Tensor, draft: int, generator: torch.Generator | None) -> tuple[bool, int]:
+    """One step of the rejection rule for a deterministic draft ``draft`` under target distribution p
+    (vocab,): (accepted, token). The token is distributed exactly as p."""
+    u = torch.rand((), generator=generator, device=p.device)
+    if bool(u < p[draft]):
+        return True, draft
+    rest = p.clone()
+    rest[draft] = 0
+    if float(rest.sum()) <= 0:  # p is all on the draft; u < 1 = p[draft] cannot fail, but stay safe
+        return True, draft
+    return False, int(torch.multinomial(rest / rest.sum(), 1, generator=generator))
 
 
 def ngram_draft(seq: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
@@ -83,10 +100,8 @@ class DraftModel:
 @torch.no_grad()
 def generate_speculative(model: Transformer, prompt: Sequence[int], params: SamplingParams, draft_tokens: int,
                          draft_model: Transformer | None = None) -> tuple[list[int], SpecStats]:
-    """Greedy generation with n-gram speculation; the same tokens as ``generate`` with greedy sampling
-    (up to floating-point differences between an M-row and a one-row forward pass)."""
-    if params.temperature != 0:
-        raise ValueError("speculative decoding runs greedy decoding only (temperature 0)")
+    """Generation with speculation: greedy gives the same tokens as ``generate`` (up to floating-point
+    differences between an M-row and a one-row forward pass); sampling keeps the target distribution."""
     if not 1 <= draft_tokens <= 16:
         raise ValueError("draft_tokens must be between 1 and 16")
     device = model.device
@@ -99,8 +114,13 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
     if drafter is not None:
         drafter.start(total)
     stats = SpecStats()
+    greedy = params.temperature == 0
+    generator = None
+    if not greedy and params.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(params.seed)
+    verify = decode_step(model)
     logits = model(torch.tensor([list(prompt)], device=device), torch.arange(len(prompt), device=device))
-    out = [int(logits[0, -1].argmax())]
+    out = [int(sample(logits[:, -1], params, generator))]
     pos = len(prompt)  # cache slot of out[-1], not yet written
     stops = set(params.stop_token_ids)
     while len(out) < params.max_new_tokens and out[-1] not in stops:
@@ -109,12 +129,24 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
         k = min(draft_tokens, room)
         draft = drafter.draft(seq, k) if drafter is not None else ngram_draft(seq, k)
         inp = torch.tensor([[out[-1]] + draft], device=device)
-        logits = model(inp, torch.arange(pos, pos + inp.shape[1], device=device))
-        preds = logits[0].argmax(-1).tolist()
+        logits = verify(inp, torch.arange(pos, pos + inp.shape[1], device=device))
         accepted = 0
-        while accepted < len(draft) and draft[accepted] == preds[accepted]:
-            accepted += 1
-        new = draft[:accepted] + [preds[accepted]]
+        if greedy:
+            preds = logits[0].argmax(-1).tolist()
+            while accepted < len(draft) and draft[accepted] == preds[accepted]:
+                accepted += 1
+            new = draft[:accepted] + [preds[accepted]]
+        else:
+            probs = probabilities(logits[0], params)
+            new = []
+            for i, x in enumerate(draft):
+                ok, tok = accept_or_resample(probs[i], x, generator)
+                new.append(tok)
+                if not ok:
+                    break
+                accepted += 1
+            if accepted == len(draft):
+                new.append(int(torch.multinomial(probs[len(draft)], 1, generator=generator)))
         if drafter is not None:
             drafter.accepted(len(seq), accepted, len(draft))
         stats.verify_steps += 1
