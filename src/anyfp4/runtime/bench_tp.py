@@ -1,0 +1,95 @@
+"""``anyfp4 bench --tp N``: the bench of ``bench.py`` with the model split over N ranks (NCCL on GPUs,
+gloo on the CPU), plus what tensor parallelism costs: the time of one decode-sized all-reduce, measured
+on the same ranks, and its share of a step (two all-reduces per layer), and the weight bandwidth each
+rank achieves on its own shard. Rank 0 reports; every rank decodes the same tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+from .bench import bench_model
+from .parallel import ShardedSource, init_process_group, load_model_tp, rank_args, wrap_row_parallel
+
+
+def _sharded_random(spec: str, device, dtype, rank: int, tp: int):
+    from .config import ModelArgs
+    from .loader import build_model
+    from .random_model import ARCHS, RandomSource
+
+    _, arch, fmt = spec.split(":")
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+    args = ModelArgs(**ARCHS[arch])
+    src = ShardedSource(RandomSource(fmt, device, 0, tied=args.tie_word_embeddings), rank, tp)
+    with torch.no_grad():
+        model = build_model(rank_args(args, tp), src, device, dtype, False)
+    wrap_row_parallel(model)
+    return model
+
+
+def _allreduce_seconds(x: torch.Tensor, reps: int = 50) -> float:
+    for _ in range(5):
+        dist.all_reduce(x)
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dist.all_reduce(x)
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    return (time.perf_counter() - t0) / reps
+
+
+def bench_worker(rank: int, tp: int, spec: str, device_type: str, dtype_name: str, prompt_len: int, gen_len: int,
+                 batch: int, port: int, result_file: str) -> None:
+    init_process_group(rank, tp, device_type, port)
+    try:
+        device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+        dtype = getattr(torch, dtype_name)
+        if spec.startswith("random:"):
+            model = _sharded_random(spec, device, dtype, rank, tp)
+        else:
+            model = load_model_tp(spec, device, dtype, rank, tp)
+        r = bench_model(model, prompt_len, gen_len, batch)
+        per = _allreduce_seconds(torch.zeros(batch, 1, model.args.hidden_size, dtype=dtype, device=device))
+        step = r["ms_per_step"] / 1e3
+        mine = {"rank": rank, "bandwidth_GBps": r["bandwidth_GBps"], "weight_bytes_per_step": r["weight_bytes_per_step"],
+                "sha256": r["sha256"]}
+        ranks = [None] * tp
+        dist.all_gather_object(ranks, mine)
+        if rank == 0:
+            r.update(model=spec, tp=tp, ranks=ranks, allreduce_us=per * 1e6,
+                     allreduce_share=2 * len(model.blocks) * per / step,
+                     same_tokens_on_every_rank=len({x["sha256"] for x in ranks}) == 1)
+            with open(result_file, "w") as f:
+                json.dump(r, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def bench_tp(spec: str, tp: int, device_type: str, dtype_name: str, prompt_len: int, gen_len: int, batch: int,
+             port: int = 29519) -> dict:
+    """Run the tensor-parallel bench of a checkpoint directory or ``random:ARCH:FORMAT``; rank 0's report."""
+    import torch.multiprocessing as mp
+
+    if device_type == "cuda" and torch.cuda.device_count() < tp:
+        raise ValueError(f"--tp {tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
+    if not spec.startswith("random:"):
+        from ..checkpoint.reader import CheckpointReader
+        from .config import ModelArgs
+
+        rank_args(ModelArgs.from_hf(CheckpointReader(spec).config), tp)  # refuse uneven splits before spawning
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "bench.json")
+        mp.spawn(bench_worker, args=(tp, spec, device_type, dtype_name, prompt_len, gen_len, batch, port, result),
+                 nprocs=tp, join=True)
+        with open(result) as f:
+            return json.load(f)
