@@ -48,3 +48,10 @@ def kernel_choice() -> str:
     if value not in KERNEL_CHOICES:
         raise ValueError(f"ANYFP4_KERNELS must be one of {', '.join(KERNEL_CHOICES)}, got {value!r}")
     return value
+
+
+def vllm_auto() -> bool:
+    """``ANYFP4_VLLM_AUTO=1``: the vLLM plugin claims supported checkpoints without ``quantization="anyfp4"``
+    when the GPU has no native kernels for their format (NVFP4 below sm_100, FP8 below sm_89) or vLLM
+    runs on the CPU. Off by default."""
+    return os.environ.get("ANYFP4_VLLM_AUTO", "0").strip() == "1"

@@ -1,0 +1,1 @@
+"""Integrations with serving engines. Each submodule imports its engine; anyfp4 itself never does."""

@@ -1,0 +1,177 @@
+"""The vLLM plugin against vLLM's CPU build (run by `.ci/vllm` in its own virtual environment; skipped where
+vLLM is not installed): registration, end-to-end greedy generation equal to anyfp4's own runner for NVFP4,
+FP8 and mixed checkpoints, tensor-parallel shards of the weight loaders, and clear refusals."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from helpers import TINY_LLAMA, write_float_checkpoint  # noqa: E402
+
+from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint  # noqa: E402
+from anyfp4.integrations import vllm as plugin  # noqa: E402
+
+CONFIG = dict(TINY_LLAMA, hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64, intermediate_size=128)
+
+
+def test_register_is_idempotent_and_claims_only_when_asked(tmp_path, monkeypatch):
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+
+    plugin.register()
+    plugin.register()
+    assert QUANTIZATION_METHODS.count("anyfp4") == 1
+    assert get_quantization_config("anyfp4") is plugin.AnyFP4Config
+    cfg = {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ["lm_head"]}
+    assert plugin.AnyFP4Config.override_quantization_method(cfg, "anyfp4") == "anyfp4"
+    monkeypatch.delenv("ANYFP4_VLLM_AUTO", raising=False)
+    assert plugin.AnyFP4Config.override_quantization_method(cfg, None) is None  # vLLM's own modelopt stays
+    assert plugin.AnyFP4Config.override_quantization_method(cfg, "modelopt") is None
+    monkeypatch.setenv("ANYFP4_VLLM_AUTO", "1")
+    assert plugin.AnyFP4Config.override_quantization_method(cfg, None) == "anyfp4"  # no FP4 tensor cores here
+    assert plugin.AnyFP4Config.override_quantization_method({"quant_method": "gptq"}, "anyfp4") is None
+
+
+def test_fused_parts_must_agree_and_moe_is_refused():
+    from anyfp4.checkpoint.quant_config import WeightFormat
+
+    cfg = plugin.AnyFP4Config.from_config({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+                                           "quantized_layers": {"model.layers.0.self_attn.q_proj": {"quant_algo": "FP8"},
+                                                                "model.layers.0.self_attn.k_proj": {"quant_algo": "NVFP4"},
+                                                                "model.layers.0.self_attn.v_proj": {"quant_algo": "FP8"},
+                                                                "model.layers.0.mlp.gate_proj": {"quant_algo": "NVFP4"},
+                                                                "model.layers.0.mlp.up_proj": {"quant_algo": "NVFP4"}}})
+    assert cfg.format_of("model.layers.0.mlp.gate_up_proj") is WeightFormat.NVFP4
+    assert cfg.format_of("model.layers.0.mlp.down_proj") is WeightFormat.NONE
+    with pytest.raises(ValueError, match="qkv_proj .* different formats"):
+        cfg.format_of("model.layers.0.self_attn.qkv_proj")
+
+
+def anyfp4_greedy(ckpt, prompt, n):
+    from anyfp4.runtime.generate import SamplingParams, generate
+    from anyfp4.runtime.loader import load_model
+
+    model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    return generate(model, [prompt], SamplingParams(max_new_tokens=n))[0]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm")
+    src = write_float_checkpoint(root / "src", CONFIG)
+    return {fmt: quantize_checkpoint(src, root / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+            for fmt in ("nvfp4", "fp8", "mixed")}
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed"])
+def test_vllm_generates_what_the_anyfp4_runner_generates(checkpoints, fmt):
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    plugin.register()
+    before = dict(plugin.APPLY_CALLS)
+    prompt = [5, 17, 42, 7, 99, 3, 64, 12]
+    llm = LLM(model=str(checkpoints[fmt]), quantization="anyfp4", dtype="float32", skip_tokenizer_init=True,
+              enforce_eager=True, max_model_len=128, max_num_seqs=4, seed=0)
+    out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(temperature=0.0, max_tokens=12,
+                                                                             detokenize=False))
+    tokens = list(out[0].outputs[0].token_ids)
+    del llm
+    assert tokens == anyfp4_greedy(checkpoints[fmt], prompt, 12)
+    ran = {k: plugin.APPLY_CALLS[k] - before[k] for k in before}
+    assert ran["nvfp4" if fmt != "fp8" else "fp8"] > 0, ran
+    if fmt == "mixed":
+        assert ran["fp8"] > 0 and ran["nvfp4"] > 0
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_tensor_parallel_shards_reassemble(checkpoints, fmt, monkeypatch):
+    """World size 2 emulated: each rank's parameters are filled by vLLM's own loaders from the full
+    checkpoint tensors; column-parallel outputs concatenate and row-parallel outputs sum to the
+    single-rank result."""
+    import vllm.model_executor.parameter as vparam
+    from safetensors.torch import load_file
+
+    from anyfp4.checkpoint.quant_config import WeightFormat
+
+    ckpt = checkpoints[fmt]
+    tensors = {}
+    for f in sorted(Path(ckpt).glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    cfg = plugin.AnyFP4Config.from_config(__import__("json").loads((Path(ckpt) / "config.json").read_text())
+                                          ["quantization_config"])
+    wfmt = WeightFormat.NVFP4 if fmt == "nvfp4" else WeightFormat.FP8
+    names = {"weight": "weight", "scale": "weight_scale", "global": "weight_scale_2", "input": "input_scale"}
+    h, inter = CONFIG["hidden_size"], CONFIG["intermediate_size"]
+    x = torch.randn(3, h)
+
+    def build(prefix, parts, k, rank, tp, column):
+        monkeypatch.setattr(vparam, "get_tensor_model_parallel_rank", lambda: rank)
+        monkeypatch.setattr(vparam, "get_tensor_model_parallel_world_size", lambda: tp)
+        layer = torch.nn.Module()
+        method = plugin.AnyFP4LinearMethod(cfg, wfmt, prefix)
+        sizes = [tensors[f"{prefix}.{p}.weight"].shape[0] // (tp if column else 1) for p in parts]
+        method.create_weights(layer, k // (1 if column else tp), sizes, k, sum(sizes), torch.float32,
+                              weight_loader=None)
+        offset = 0
+        for i, p in enumerate(parts):
+            for key, name in names.items():
+                full = tensors.get(f"{prefix}.{p}.{name}")
+                param = getattr(layer, name, None)
+                if full is None or param is None:
+                    continue
+                if isinstance(param, vparam.PerTensorScaleParameter):
+                    param.data[i] = full.reshape(())
+                elif column:
+                    param.load_merged_column_weight(full, shard_offset=offset, shard_size=sizes[i])
+                else:
+                    param.load_row_parallel_weight(full)
+            offset += sizes[i]
+        method.process_weights_after_loading(layer)
+        return lambda inp: method.apply(layer, inp)
+
+    gate_up = "model.layers.0.mlp"
+    full = build(gate_up, ["gate_proj", "up_proj"], h, 0, 1, True)(x)
+    shards = [build(gate_up, ["gate_proj", "up_proj"], h, r, 2, True)(x) for r in range(2)]
+    g = inter // 2
+    assert torch.equal(torch.cat([shards[0][:, :g], shards[1][:, :g], shards[0][:, g:], shards[1][:, g:]], -1), full)
+    xd = torch.randn(3, inter)
+    down_full = build(gate_up, ["down_proj"], inter, 0, 1, False)(xd)
+    down = [build(gate_up, ["down_proj"], inter, r, 2, False)(xd[:, r * g:(r + 1) * g]) for r in range(2)]
+    torch.testing.assert_close(down[0] + down[1], down_full, rtol=1e-5, atol=1e-5)
+
+
+def test_parts_with_different_global_scales_stay_exact(monkeypatch):
+    """q/k/v (or gate/up) shards whose NVFP4 global scales differ: one prepack per run of equal scales,
+    each part exactly its own dequantized weight."""
+    import vllm.model_executor.parameter as vparam
+
+    from anyfp4.checkpoint.quant_config import WeightFormat
+    from anyfp4.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+
+    monkeypatch.setattr(vparam, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(vparam, "get_tensor_model_parallel_world_size", lambda: 1)
+    cfg = plugin.AnyFP4Config.from_config({"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": []})
+    method = plugin.AnyFP4LinearMethod(cfg, WeightFormat.NVFP4, "model.layers.0.self_attn.qkv_proj")
+    g = torch.Generator().manual_seed(0)
+    parts = [quantize_nvfp4(torch.randn(n, 64, generator=g) * s) for n, s in ((32, 1.0), (16, 3.0), (16, 3.0))]
+    layer = torch.nn.Module()
+    method.create_weights(layer, 64, [32, 16, 16], 64, 64, torch.float32, weight_loader=None)
+    offset = 0
+    for i, q in enumerate(parts):
+        layer.weight.data[offset:offset + q.packed.shape[0]] = q.packed
+        layer.weight_scale.data[offset:offset + q.packed.shape[0]] = q.block_scale
+        layer.weight_scale_2.data[i] = q.global_scale
+        offset += q.packed.shape[0]
+    method.process_weights_after_loading(layer)
+    assert len(layer.anyfp4_prepacks) == (2 if torch.equal(parts[1].global_scale, parts[2].global_scale) else 3)
+    x = torch.randn(5, 64, generator=g)
+    ref = torch.cat([x @ dequantize_nvfp4(q).t() for q in parts], -1)
+    torch.testing.assert_close(method.apply(layer, x), ref, rtol=1e-5, atol=1e-5)
