@@ -14,7 +14,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helpers import TINY_LLAMA, write_float_checkpoint  # noqa: E402
+from helpers import TINY_LLAMA, to_compressed_tensors, write_float_checkpoint  # noqa: E402
 
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint  # noqa: E402
 from anyfp4.integrations import vllm as plugin  # noqa: E402
@@ -39,7 +39,17 @@ def test_register_is_idempotent_and_claims_only_when_asked(tmp_path, monkeypatch
     assert plugin.AnyFP4Config.override_quantization_method({"quant_method": "gptq"}, "anyfp4") is None
 
 
-def test_fused_parts_must_agree_and_moe_is_refused():
+def test_moe_layers_are_refused_by_name():
+    cfg = plugin.AnyFP4Config.from_config({"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": []})
+
+    class RoutedExperts(torch.nn.Module):  # stands for vLLM's expert layer class
+        pass
+
+    with pytest.raises(ValueError, match="model.layers.3.mlp.experts is a mixture-of-experts layer"):
+        cfg.get_quant_method(RoutedExperts(), "model.layers.3.mlp.experts")
+
+
+def test_fused_parts_must_agree():
     from anyfp4.checkpoint.quant_config import WeightFormat
 
     cfg = plugin.AnyFP4Config.from_config({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
@@ -66,11 +76,13 @@ def anyfp4_greedy(ckpt, prompt, n):
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     src = write_float_checkpoint(root / "src", CONFIG)
-    return {fmt: quantize_checkpoint(src, root / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
-            for fmt in ("nvfp4", "fp8", "mixed")}
+    out = {fmt: quantize_checkpoint(src, root / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+           for fmt in ("nvfp4", "fp8", "mixed")}
+    out["ct-nvfp4"] = to_compressed_tensors(Path(out["nvfp4"]), root / "ct-nvfp4")
+    return out
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed", "ct-nvfp4"])
 def test_vllm_generates_what_the_anyfp4_runner_generates(checkpoints, fmt):
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -86,7 +98,7 @@ def test_vllm_generates_what_the_anyfp4_runner_generates(checkpoints, fmt):
     del llm
     assert tokens == anyfp4_greedy(checkpoints[fmt], prompt, 12)
     ran = {k: plugin.APPLY_CALLS[k] - before[k] for k in before}
-    assert ran["nvfp4" if fmt != "fp8" else "fp8"] > 0, ran
+    assert ran["fp8" if fmt == "fp8" else "nvfp4"] > 0, ran
     if fmt == "mixed":
         assert ran["fp8"] > 0 and ran["nvfp4"] > 0
 

@@ -195,7 +195,10 @@ class AnyFP4LinearMethod(LinearMethodBase):
             else:
                 scale = PerTensorScaleParameter(data=nan(parts), weight_loader=loader)
             layer.register_parameter(names["scale"], scale)
+        # activation scales are loaded (when the checkpoint has them) and not used: weight-only
         layer.register_parameter(names["input"], PerTensorScaleParameter(data=nan(parts), weight_loader=loader))
+        if names["input"] != "input_scale":  # compressed-tensors twins of ModelOpt exports keep input_scale
+            layer.register_parameter("input_scale", PerTensorScaleParameter(data=nan(parts), weight_loader=loader))
 
     def _per_channel(self) -> bool:
         return self.config.fp8_per_channel
@@ -231,7 +234,7 @@ class AnyFP4LinearMethod(LinearMethodBase):
                 raise ValueError(f"anyfp4: {self.prefix}.{names['scale']} was not loaded")
             rows = s.reshape(-1) if s.dim() == 2 else torch.cat([s[i].expand(sizes[i]) for i in range(len(sizes))])
             prepacks.append(prepack_fp8(FP8Weight(weight.contiguous(), rows.contiguous())))
-        for name in names.values():  # the prepacks replace the checkpoint tensors
+        for name in [*names.values(), "input_scale"]:  # the prepacks replace the checkpoint tensors
             if hasattr(layer, name):
                 delattr(layer, name)
         layer.anyfp4_prepacks = prepacks
