@@ -39,3 +39,16 @@ def test_generate_with_graphs_matches_eager_generate(monkeypatch):
     graphed = generate(model, prompts, params)
     monkeypatch.setattr(gen_mod, "decode_step", lambda m, compile_decode=False: m)
     assert generate(model, prompts, params) == graphed
+
+
+@gpu
+def test_speculative_verify_graphs_give_the_plain_greedy_text():
+    from anyfp4.runtime.speculative import generate_speculative
+
+    model = random_model("smollm2-135m", "nvfp4", torch.device("cuda"), torch.float16, progress=False)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
+    params = SamplingParams(max_new_tokens=24)
+    plain = generate(model, [prompt], params)[0]
+    for k in (1, 4, 7):  # verify passes of M = 2, 5, 8 rows, each a captured graph
+        spec, stats = generate_speculative(model, prompt, params, k)
+        assert spec == plain and stats.verify_steps >= 1
