@@ -177,3 +177,29 @@ def test_kernel_switch_is_read_inside_the_op(monkeypatch):
     monkeypatch.setenv("ANYFP4_KERNELS", "fastest")
     with pytest.raises(ValueError, match="ANYFP4_KERNELS"):
         torch.ops.anyfp4.nvfp4_linear(x, p.codes, p.scales, p.global_scale, None, 4096, 4096)
+
+
+def test_split_k_does_not_depend_on_m():
+    """Only the split-K sets a row's summation order in the CUDA kernel, so it comes from M = 1 for every M."""
+    from anyfp4.kernels.tuning import MMA_LAUNCH_TABLE, mma_config
+
+    shapes = {(key[1], key[2], key[3], key[4]) for key in MMA_LAUNCH_TABLE} | {("nvfp4", False, 576, 1536)}
+    for fmt, gated, k, n in shapes:
+        k_pad = -(-k // 256) * 256
+        splits = {mma_config(90, 132, fmt, gated, n, k, k_pad, m).split_k for m in range(1, 33)}
+        assert len(splits) == 1, (fmt, gated, k, n, splits)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rows_do_not_depend_on_the_batch(dtype):
+    """Through the op, each row of an M-row call has the bits of a one-row call (what makes a speculative
+    verify pass reproduce single-token decoding)."""
+    gen = torch.Generator(device="cuda").manual_seed(14)
+    w = nvfp4_weight(4096, 4096, gen, torch.tensor(1e-3, device="cuda"))
+    p = prepack_nvfp4(w)
+    x = torch.randn(32, 4096, device="cuda", generator=gen).to(dtype)
+    op = torch.ops.anyfp4.nvfp4_linear
+    singles = torch.cat([op(x[i:i + 1], p.codes, p.scales, p.global_scale, None, 4096, 4096) for i in range(32)])
+    for m in (2, 5, 8, 9, 16, 17, 32):
+        assert torch.equal(op(x[:m], p.codes, p.scales, p.global_scale, None, 4096, 4096), singles[:m]), m

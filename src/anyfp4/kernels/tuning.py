@@ -4,6 +4,7 @@ and the activation block-pack decision. Device properties are read lazily and ca
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import torch
 
@@ -251,7 +252,11 @@ MMA_LAUNCH_TABLE: dict[tuple[int, str, bool, int, int, int], MMAConfig] = {
 
 
 def mma_config(sm: int, sms: int, fmt: str, gated: bool, n: int, k: int, k_pad: int, m: int) -> MMAConfig:
-    """The launch table's entry for this GPU and shape, else the heuristic (always 128-row blocks, which
-    every prepack's row padding covers)."""
-    return (MMA_LAUNCH_TABLE.get((sm, fmt, gated, k, n, m_bucket(m)))
-            or mma_heuristic_config(n, k_pad, m, sms, gated, fmt))
+    """The launch table's entry for this GPU, shape and M bucket, else the heuristic (always 128-row blocks,
+    which every prepack's row padding covers). The split-K always comes from M = 1: it alone sets the order
+    in which a row's partial sums are added, so every M gives each row the bits M = 1 gives it (a verify pass
+    of k + 1 rows computes what k + 1 single-token steps would)."""
+    one = MMA_LAUNCH_TABLE.get((sm, fmt, gated, k, n, 1)) or mma_heuristic_config(n, k_pad, 1, sms, gated, fmt)
+    c = MMA_LAUNCH_TABLE.get((sm, fmt, gated, k, n, m_bucket(m))) or mma_heuristic_config(n, k_pad, m, sms, gated,
+                                                                                          fmt)
+    return replace(c, split_k=one.split_k)
