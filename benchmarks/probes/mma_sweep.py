@@ -40,7 +40,7 @@ def rel_err(y, ref):
 def configs_for(m: int, gated: bool, k_pad: int, step: int = 128):
     steps = k_pad // step
     for mt, warps, split, depth in itertools.product((1, 2), (4, 8), (1, 2, 4, 8, 16), (2, 4, 8)):
-        if mt == 2 and (n_tiles_for(m) > 2 or (gated and n_tiles_for(m) > 1)):
+        if mt == 2 and gated and n_tiles_for(m) > 1:
             continue
         if depth == 8 and (mt > 1 or gated or n_tiles_for(m) > 1):
             continue
