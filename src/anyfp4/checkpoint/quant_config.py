@@ -151,6 +151,23 @@ def _read_json(path: Path) -> dict:
     return data
 
 
+def scheme_from_config(config: dict, source: str | Path = "quantization_config") -> QuantScheme:
+    """A quantization description given as a dict: ModelOpt's ``hf_quant_config.json`` content, or a
+    ``config.json`` ``quantization_config`` (ModelOpt or compressed-tensors). ``source`` names it in errors."""
+    source = Path(source)
+    if isinstance(config.get("quantization"), dict):  # hf_quant_config.json
+        return _parse_modelopt(config["quantization"], source, "exclude_modules")
+    method = config.get("quant_method")
+    if method == "modelopt":
+        return _parse_modelopt(config, source, "ignore" if "ignore" in config else "exclude_modules")
+    if method == "compressed-tensors":
+        return _parse_compressed_tensors(config, source)
+    raise CheckpointError(
+        f"unsupported quant_method {method!r}; anyfp4 reads 'modelopt' and 'compressed-tensors' checkpoints",
+        file=source,
+    )
+
+
 def parse_quant_scheme(checkpoint_dir: str | Path) -> QuantScheme:
     """Read the quantization description of a Hugging Face checkpoint directory.
 
@@ -171,12 +188,6 @@ def parse_quant_scheme(checkpoint_dir: str | Path) -> QuantScheme:
     qc = _read_json(config).get("quantization_config")
     if qc is None:
         return QuantScheme("none", "NONE", source=str(config))
-    method = qc.get("quant_method")
-    if method == "modelopt":
+    if qc.get("quant_method") == "modelopt":
         return _parse_modelopt(qc, config, "ignore")
-    if method == "compressed-tensors":
-        return _parse_compressed_tensors(qc, config)
-    raise CheckpointError(
-        f"unsupported quant_method {method!r}; anyfp4 reads 'modelopt' and 'compressed-tensors' checkpoints",
-        file=config,
-    )
+    return scheme_from_config(qc, config)

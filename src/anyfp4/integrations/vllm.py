@@ -20,7 +20,6 @@ CUDA graphs.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,13 +39,7 @@ from vllm.model_executor.parameter import (
 
 from .. import ops as _ops  # noqa: F401  (registers torch.ops.anyfp4.*, which apply() calls)
 from ..checkpoint.errors import CheckpointError
-from ..checkpoint.quant_config import (
-    QuantScheme,
-    TensorNaming,
-    WeightFormat,
-    _parse_compressed_tensors,
-    _parse_modelopt,
-)
+from ..checkpoint.quant_config import QuantScheme, TensorNaming, WeightFormat, scheme_from_config
 
 NAME = "anyfp4"
 # apply() calls per format in this process (tests read it to prove the plugin's path really ran)
@@ -58,16 +51,7 @@ FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gat
 def parse_scheme(config: dict[str, Any]) -> QuantScheme:
     """anyfp4's reading of the quantization config vLLM hands over (config.json's ``quantization_config``
     or ModelOpt's ``hf_quant_config.json``)."""
-    source = Path("quantization_config")
-    if isinstance(config.get("quantization"), dict):  # hf_quant_config.json
-        return _parse_modelopt(config["quantization"], source, "exclude_modules")
-    method = config.get("quant_method")
-    if method == "modelopt":
-        return _parse_modelopt(config, source, "ignore" if "ignore" in config else "exclude_modules")
-    if method == "compressed-tensors":
-        return _parse_compressed_tensors(config, source)
-    raise CheckpointError(f"anyfp4 serves ModelOpt and compressed-tensors checkpoints, not quant_method {method!r}",
-                          file=source)
+    return scheme_from_config(config, "quantization_config")
 
 
 def _native_support_missing(scheme: QuantScheme) -> bool:

@@ -100,9 +100,11 @@ def enabled(sm: int) -> bool:
     return ok
 
 
-def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, gscale: torch.Tensor,
+def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None, gscale: torch.Tensor,
             bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
             out: torch.Tensor | None) -> torch.Tensor:
+    """``block_scales``: NVFP4's E4M3 bytes (None for FP8); ``gscale``: NVFP4's one global scale, FP8's
+    per-row scales."""
     m, k = x.shape
     if not 1 <= m <= MAX_MMA_M:
         raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {MAX_MMA_M}, got {m}")
@@ -130,8 +132,9 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor
     else:
         partial, counters = out, out
     kernel.launch((grid_x, c.split_k, 1), c.warps * 32, m * (kc // 2 + 4) * 4, [
-        x, codes, scales, gscale, bias if bias is not None else out, out, partial, counters,
-        m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4, scales.stride(0) // 2 if scales.dim() == 2 else 0,
+        x, codes, block_scales if block_scales is not None else codes, gscale, bias if bias is not None else out, out,
+        partial, counters, m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4,
+        block_scales.stride(0) // 2 if block_scales is not None else 0,
         x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc,
     ])
     return out
@@ -146,4 +149,4 @@ def nvfp4_mma_gemm(x: torch.Tensor, w, bias: torch.Tensor | None, config: MMACon
 def fp8_mma_gemm(x: torch.Tensor, w, bias: torch.Tensor | None, config: MMAConfig,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """FP8 prepack: x (M, K), M <= 32 -> (M, N); a gated prepack gives silu(gate) * up."""
-    return _launch("fp8", x, w.codes, w.codes, w.scales, bias, w.out_features, w.up_offset, config, out)
+    return _launch("fp8", x, w.codes, None, w.scales, bias, w.out_features, w.up_offset, config, out)
