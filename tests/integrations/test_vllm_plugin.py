@@ -36,7 +36,9 @@ def test_register_is_idempotent_and_claims_only_when_asked(tmp_path, monkeypatch
     assert plugin.AnyFP4Config.override_quantization_method(cfg, "modelopt") is None
     monkeypatch.setenv("ANYFP4_VLLM_AUTO", "1")
     assert plugin.AnyFP4Config.override_quantization_method(cfg, None) == "anyfp4"  # no FP4 tensor cores here
-    assert plugin.AnyFP4Config.override_quantization_method({"quant_method": "gptq"}, "anyfp4") is None
+    assert plugin.AnyFP4Config.override_quantization_method({"quant_method": "gptq"}, None) is None
+    with pytest.raises(ValueError, match="anyfp4 cannot serve this checkpoint: unsupported quant_method 'gptq'"):
+        plugin.AnyFP4Config.override_quantization_method({"quant_method": "gptq"}, "anyfp4")
 
 
 def test_moe_layers_are_refused_by_name():
