@@ -80,3 +80,36 @@ def test_architectures_match_transformers(tmp_path, arch):
     compare(cls, src, src, ids, min_top1=1.0)  # the float checkpoint itself
     q = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(format=TargetFormat.MIXED, progress=False)).dst
     compare(cls, src, q, ids, min_top1=1.0)
+
+
+# On a GPU in fp16 / bf16 the runner's kernels (not the reference) run: rounding of the activations and of
+# every fp16/bf16 product differs from the float32 reference, so the bounds are looser.
+GPU_LOGIT_ATOL = {torch.float16: 0.35, torch.bfloat16: 0.75}
+GPU_MIN_TOP1 = 0.97
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed"])
+def test_smollm2_teacher_forced_on_gpu(smollm2_bf16, tmp_path, fmt, dtype):
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    ckpt = quantize_checkpoint(smollm2_bf16, tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt),
+                                                                              progress=False)).dst
+    tok = AutoTokenizer.from_pretrained(str(smollm2_bf16))
+    text = ("Quantization stores each weight in fewer bits. A 4-bit weight with a shared scale per block of "
+            "sixteen keeps most of the information, and the model still answers questions. ") * 8
+    ids = tok(text, return_tensors="pt").input_ids[:, :256]
+    model, reader = load_model(ckpt, "cuda", dtype, progress=False)
+    model.setup_caches(1, 256)
+    logits = []
+    with torch.no_grad():  # prefill half, then token by token: both the prefill and the decode kernels run
+        logits.append(model(ids[:, :128].cuda(), torch.arange(128, device="cuda")).float().cpu())
+        for i in range(128, 256):
+            logits.append(model(ids[:, i:i + 1].cuda(), torch.tensor([i], device="cuda")).float().cpu())
+    logits = torch.cat(logits, dim=1)
+    ref = reference_logits(LlamaForCausalLM, smollm2_bf16, reader, ids)
+    top1 = (logits.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    assert top1 >= GPU_MIN_TOP1, top1
+    assert (logits - ref).abs().max().item() <= GPU_LOGIT_ATOL[dtype]
