@@ -26,31 +26,53 @@ def halves(bits: torch.Tensor, dtype) -> torch.Tensor:
     return pair.view(dtype).double()
 
 
+def kernel_constants():
+    """The scale multipliers and epilogue units as written in the CUDA source (so the emulation below
+    checks the kernel's own numbers)."""
+    import re
+
+    src = weight_mma._source()
+    bf16 = re.search(r"mul2\(mul2\(\(b << 4\) \| \(b << 20\), (0x[0-9A-Fa-f]+)u\), (0x[0-9A-Fa-f]+)u\)", src)
+    fp16 = re.search(r"mul2\(\(b << 7\) \| \(b << 23\), (0x[0-9A-Fa-f]+)u\)", src)
+    units = dict(re.findall(r"#(?:el)?if (FP8 && BF16|FP8|BF16)\n\s+const float unit = ([0-9.e+]+)f;", src))
+    units["fp16"] = re.search(r"#else\n\s+const float unit = ([0-9.e+]+)f;", src).group(1)
+    assert bf16 and fp16 and set(units) == {"FP8 && BF16", "FP8", "BF16", "fp16"}, units
+    return [int(c, 16) for c in bf16.groups()], int(fp16.group(1), 16), {k: float(v) for k, v in units.items()}
+
+
+def bf16_pair_const(c: int) -> torch.Tensor:
+    return torch.tensor([c & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
 def test_nvfp4_pair_decode_and_scale_are_exact():
-    """decode_pair / scale_pair / their product, as the kernel computes them, equal e2m1 * bs times the
-    documented power of two for every code and every non-negative E4M3 scale byte."""
+    """decode_pair / scale_pair / their product, with the kernel's own constants, times the epilogue's unit,
+    equal e2m1 * bs exactly for every code and every non-negative E4M3 scale byte."""
     from anyfp4.formats.fp8 import e4m3_decode as e4m3_to_float
     from anyfp4.formats.nvfp4 import e2m1_decode as e2m1_to_float
 
+    (c120, c_k), c16, units = kernel_constants()
     codes = torch.arange(16, dtype=torch.int32)
     v = codes | (codes.flip(0) << 16)  # code c in the low half, 15 - c in the high half
     b = torch.arange(0, 0x7F, dtype=torch.int32)
     e2m1 = torch.stack([e2m1_to_float(codes.to(torch.uint8)), e2m1_to_float(codes.flip(0).to(torch.uint8))], -1).double()
     bs = e4m3_to_float(b.to(torch.uint8)).double()
-    # fp16: ((v & 0x70007) << 9) | ((v & 0x80008) << 12) = e2m1 * 2^-14; scale (b << 7) * 256 = bs
+    want = e2m1[None] * bs[:, None, None]
+    # fp16: ((v & 0x70007) << 9) | ((v & 0x80008) << 12) = e2m1 * 2^-14; scale (b << 7) * constant = bs
     w16 = halves(((v & 0x00070007) << 9) | ((v & 0x00080008) << 12), torch.float16)
     assert torch.equal(w16, e2m1 * 2.0**-14)
-    s16 = halves((b << 7) | (b << 23), torch.float16) * 256
-    assert torch.equal(s16[:, 0], bs)
-    prod16 = (w16[None].half() * s16[:, None, 0:1].half()).double()  # one fp16 rounding, as mul.rn.f16x2
-    assert torch.equal(prod16, e2m1[None] * bs[:, None, None] * 2.0**-14)
-    # bf16: << 6 gives e2m1 * 2^-126; (b << 4) is bs * 2^-120, times 2^120 and 2^16
+    k16 = torch.tensor([c16 & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.float16)
+    s16 = (halves((b << 7) | (b << 23), torch.float16)[:, 0].half() * k16).double()
+    assert torch.equal(s16, bs)
+    prod16 = (w16[None].half() * s16[:, None, None].half()).double()  # one fp16 rounding, as mul.rn.f16x2
+    assert torch.equal(prod16 * units["fp16"], want)
+    # bf16: << 6 gives e2m1 * 2^-126 (code 1 a subnormal); (b << 4) times the two constants, one rounding each
     w = halves(((v & 0x00070007) << 6) | ((v & 0x00080008) << 12), torch.bfloat16)
     assert torch.equal(w, e2m1 * 2.0**-126)
-    sb = (halves((b << 4) | (b << 20), torch.bfloat16)[:, 0].bfloat16() * 2.0**120).bfloat16() * 2.0**16
-    assert torch.equal(sb.bfloat16().double(), bs * 2.0**16)
+    sb = halves((b << 4) | (b << 20), torch.bfloat16)[:, 0].bfloat16() * bf16_pair_const(c120)
+    sb = sb.bfloat16() * bf16_pair_const(c_k)
     prod = (w[None].bfloat16() * sb.bfloat16()[:, None, None]).double()
-    assert torch.equal(prod, e2m1[None] * bs[:, None, None] * 2.0**-110)
+    assert torch.equal(prod * units["BF16"], want)
+    assert prod[prod != 0].abs().min() >= 2.0**-18  # far from float32 subnormals once multiplied by activations
 
 
 def test_fp8_pair_decode_is_exact():

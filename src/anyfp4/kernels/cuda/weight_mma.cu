@@ -16,14 +16,15 @@
 //     ((v & 0x00070007) << 9) | ((v & 0x00080008) << 12) is e2m1 * 2^-14 in each fp16 half, exactly; times the
 //     block scale bs (fp16, exact) gives e2m1 * bs * 2^-14, exact in fp16 (<= 8 significant bits, within
 //     [2^-24, 0.17]). In bf16 the same spread with << 6 is e2m1 * 2^-126 (code 1 a subnormal), the scale enters
-//     as bs * 2^16 (bf16 bits (b << 4) are bs * 2^-120, times 2^120, times 2^16), and the product
-//     e2m1 * bs * 2^-110 is a normal bf16, exact (<= 6 significant bits).
+//     as bs * 2^118 (bf16 bits (b << 4) are bs * 2^-120, times 2^120, times 2^118), and the product
+//     e2m1 * bs * 2^-8 is a normal bf16, exact (<= 6 significant bits, within [2^-18, 10.5]), so its products
+//     with the activations stay far from float32's subnormal range.
 //   - FP8: bytes 0, 2 and 1, 3 of a word sit 16 bits apart: ((p & 0x007F007F) << 7) | ((p & 0x00800080) << 8)
 //     is e4m3 * 2^-8 in fp16, exactly (subnormals included); in bf16 (<< 4) it is e4m3 * 2^-120, times 2^120.
 //   - the activations are staged once per block in shared memory, permuted so that one load gives the B halves
 //     matching those pairs: per 8-group (x0, x4, x1, x5, x2, x6, x3, x7) for NVFP4, (x0, x2, x1, x3, x4, x6,
 //     x5, x7) for FP8.
-// The epilogue multiplies by the global scale * 2^14 (NVFP4 fp16), * 2^110 (NVFP4 bf16), or by the row's scale
+// The epilogue multiplies by the global scale * 2^14 (NVFP4 fp16), * 2^8 (NVFP4 bf16), or by the row's scale
 // (* 2^8 for FP8 fp16).
 //
 // Split-K (gridDim.y > 1): every block writes its fp32 sums to `partial`, then the last block of a row tile
@@ -69,10 +70,10 @@ __device__ __forceinline__ u32 mul2(u32 a, u32 b) {
     return d;
 }
 
-// The E4M3 block scale byte b (>= 0) in both halves: fp16 bs (exact), or bf16 bs * 2^16 (exact).
+// The E4M3 block scale byte b (>= 0) in both halves: fp16 bs (exact), or bf16 bs * 2^118 (exact).
 __device__ __forceinline__ u32 scale_pair(u32 b) {
 #if BF16
-    return mul2(mul2((b << 4) | (b << 20), 0x7B807B80u), 0x47804780u);  // * 2^120, * 2^16
+    return mul2(mul2((b << 4) | (b << 20), 0x7B807B80u), 0x7A807A80u);  // * 2^120, * 2^118
 #else
     return mul2((b << 7) | (b << 23), 0x5C005C00u);  // (b << 7) is bs * 2^-8; * 256
 #endif
@@ -320,7 +321,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #elif FP8
     const float unit = 256.0f;  // 2^8
 #elif BF16
-    const float unit = 1.2980742146337069e33f;  // 2^110
+    const float unit = 256.0f;  // 2^8
 #else
     const float unit = 16384.0f;  // 2^14
 #endif
