@@ -68,6 +68,7 @@ def test_compile_fullgraph_dynamic_cpu():
     (lambda x, a: (x, a[0], a[1][:, :1], *a[2:]), "do not match codes"),
     (lambda x, a: (x, *a[:2], a[2].double(), *a[3:]), "one float32 value"),
     (lambda x, a: (x, *a[:3], torch.zeros(3, dtype=x.dtype), *a[4:]), "bias must have shape \\(48,\\)"),
+    (lambda x, a: (x, *a[:3], torch.zeros(48), *a[4:]), "bias must be torch.float16 on cpu like x"),
 ])
 def test_bad_arguments_are_clear(bad, message):
     p = prepack_nvfp4(random_weight(48, 64, 5))

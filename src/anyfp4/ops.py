@@ -53,6 +53,15 @@ def _check_activations(x: Tensor, in_features: int, name: str, *weights: Tensor)
             raise TypeError(f"{name}: bfloat16 activations need sm_80 or newer (this GPU is sm_{sm}); use float16")
 
 
+def _check_bias(bias: Optional[Tensor], x: Tensor, out_features: int, name: str) -> None:
+    if bias is None:
+        return
+    if bias.shape != (out_features,):
+        raise ValueError(f"{name}: bias must have shape ({out_features},), got {tuple(bias.shape)}")
+    if bias.dtype != x.dtype or bias.device != x.device:
+        raise TypeError(f"{name}: bias must be {x.dtype} on {x.device} like x, got {bias.dtype} on {bias.device}")
+
+
 def _check(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_features: int, in_features: int,
            up_offset: int, name: str) -> None:
     _check_activations(x, in_features, name, codes, scales, global_scale)
@@ -116,8 +125,7 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
 def nvfp4_linear(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, bias: Optional[Tensor],
                  out_features: int, in_features: int) -> Tensor:
     _check(x, codes, scales, global_scale, out_features, in_features, 0, "nvfp4_linear")
-    if bias is not None and bias.shape != (out_features,):
-        raise ValueError(f"nvfp4_linear: bias must have shape ({out_features},), got {tuple(bias.shape)}")
+    _check_bias(bias, x, out_features, "nvfp4_linear")
     w = _as_prepacked(codes, scales, global_scale, 0, out_features, in_features)
     return _cuda(x, w, bias) if x.is_cuda else _reference(x, w, bias)
 
@@ -199,8 +207,7 @@ def fp8_linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Optional[Tensor],
     from .kernels.fp8_linear import FP8Prepacked
 
     _check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear")
-    if bias is not None and bias.shape != (out_features,):
-        raise ValueError(f"fp8_linear: bias must have shape ({out_features},), got {tuple(bias.shape)}")
+    _check_bias(bias, x, out_features, "fp8_linear")
     return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features), bias)
 
 

@@ -117,6 +117,8 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
     grid_x = -(-n_rows // block_rows)
     if grid_x * block_rows > (up_offset or rows_total):
         raise ValueError(f"row tile {block_rows} overruns the prepack's {up_offset or rows_total} rows")
+    if bias is not None and (bias.dtype != x.dtype or bias.stride(0) != 1):
+        raise ValueError("bias must be contiguous with x's dtype")
     kc = stage_k(m)
     defines = dict(FP8=int(fmt == "fp8"), NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth,
                    BF16=int(x.dtype == torch.bfloat16), GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None))
