@@ -14,23 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .bench import bench_model
-from .parallel import ShardedSource, init_process_group, load_model_tp, rank_args, wrap_row_parallel
-
-
-def _sharded_random(spec: str, device, dtype, rank: int, tp: int):
-    from .config import ModelArgs
-    from .loader import build_model
-    from .random_model import ARCHS, RandomSource
-
-    _, arch, fmt = spec.split(":")
-    if arch not in ARCHS:
-        raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
-    args = ModelArgs(**ARCHS[arch])
-    src = ShardedSource(RandomSource(fmt, device, 0, tied=args.tie_word_embeddings), rank, tp)
-    with torch.no_grad():
-        model = build_model(rank_args(args, tp), src, device, dtype, False)
-    wrap_row_parallel(model)
-    return model
+from .parallel import init_process_group, load_model_tp, rank_args
 
 
 def _allreduce_seconds(x: torch.Tensor, reps: int = 50) -> float:
@@ -54,7 +38,10 @@ def bench_worker(rank: int, tp: int, spec: str, device_type: str, dtype_name: st
         device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
         dtype = getattr(torch, dtype_name)
         if spec.startswith("random:"):
-            model = _sharded_random(spec, device, dtype, rank, tp)
+            from .random_model import random_model
+
+            _, arch, fmt = spec.split(":")
+            model = random_model(arch, fmt, device, dtype, progress=False, rank=rank, tp=tp)
         else:
             model = load_model_tp(spec, device, dtype, rank, tp)
         r = bench_model(model, prompt_len, gen_len, batch)
@@ -82,11 +69,20 @@ def bench_tp(spec: str, tp: int, device_type: str, dtype_name: str, prompt_len: 
 
     if device_type == "cuda" and torch.cuda.device_count() < tp:
         raise ValueError(f"--tp {tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
-    if not spec.startswith("random:"):
-        from ..checkpoint.reader import CheckpointReader
-        from .config import ModelArgs
+    from .config import ModelArgs
 
-        rank_args(ModelArgs.from_hf(CheckpointReader(spec).config), tp)  # refuse uneven splits before spawning
+    if spec.startswith("random:"):
+        from .random_model import ARCHS
+
+        arch = spec.split(":")[1]
+        if arch not in ARCHS:
+            raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+        args = ModelArgs(**ARCHS[arch])
+    else:
+        from ..checkpoint.reader import CheckpointReader
+
+        args = ModelArgs.from_hf(CheckpointReader(spec).config)
+    rank_args(args, tp)  # refuse uneven splits before spawning
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "bench.json")
         mp.spawn(bench_worker, args=(tp, spec, device_type, dtype_name, prompt_len, gen_len, batch, port, result),

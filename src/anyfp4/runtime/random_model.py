@@ -66,10 +66,21 @@ class RandomSource(WeightSource):
         return name == "lm_head" and not self.tied
 
 
-def random_model(arch: str, fmt: str, device, dtype, seed: int = 0, progress: bool = True):
+def random_model(arch: str, fmt: str, device, dtype, seed: int = 0, progress: bool = True, rank: int = 0,
+                 tp: int = 1):
+    """A model of ``arch``'s shape with random ``fmt`` weights made on ``device``; with ``tp`` > 1 rank
+    ``rank``'s shard of it (every rank draws the same full tensors and keeps its slice)."""
     if arch not in ARCHS:
         raise SystemExit(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
     args = ModelArgs(**ARCHS[arch])
     src = RandomSource(fmt, device, seed, tied=args.tie_word_embeddings)
+    if tp > 1:
+        from .parallel import ShardedSource, rank_args, wrap_row_parallel
+
+        with torch.no_grad():
+            model = build_model(rank_args(args, tp), ShardedSource(src, rank, tp), torch.device(device), dtype,
+                                progress)
+        wrap_row_parallel(model)
+        return model
     with torch.no_grad():
         return build_model(args, src, torch.device(device), dtype, progress)
