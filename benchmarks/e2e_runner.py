@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from nvfp4_linear import graph_time  # noqa: E402
 
 from anyfp4.runtime.bench import bench_model, copy_bandwidth  # noqa: E402
 from anyfp4.runtime.generate import forget_decode_graphs  # noqa: E402
@@ -27,31 +29,14 @@ from anyfp4.runtime.random_model import random_model  # noqa: E402
 
 
 def verify_costs(model, ms=range(1, 9), prefix=512, reps=20):
-    """Median time of one forward of M tokens at position ``prefix`` (a verify pass), CUDA-graph replayed."""
+    """Median ms of one forward of M tokens at position ``prefix`` (a verify pass), CUDA-graph replayed."""
     model.setup_caches(1, prefix + 16)
     model(torch.randint(0, 1000, (1, prefix), device="cuda"), torch.arange(prefix, device="cuda"))
     out = {}
     for m in ms:
         tok = torch.randint(0, 1000, (1, m), device="cuda")
         pos = torch.arange(prefix, prefix + m, device="cuda")
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            model(tok, pos)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            model(tok, pos)
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        out[m] = statistics.median(times)
-        del g
+        out[m] = 1e3 * graph_time(lambda i: model(tok, pos), reps=1, trials=reps)
     return out
 
 

@@ -133,6 +133,25 @@ def nvfp4_weight(n, k, gen, gs):
 CONFIGS = [MMAConfig(1, 8, 1, 2), MMAConfig(1, 4, 3, 4), MMAConfig(2, 4, 5, 2), MMAConfig(1, 8, 8, 8)]
 
 
+def check_kernel(kernel, p, pg, wd, gd, ud, bias, ms, gen):
+    """``kernel`` against the float64 reference for every M and launch family: NaN-poisoned outputs all
+    written, plain + bias, determinism, and the gated prepack ``pg`` (gate ``gd``, up ``ud``)."""
+    dtype, (n, k) = bias.dtype, wd.shape
+    tol = 5e-4 if dtype == torch.float16 else 4e-3
+    for m, cfg in itertools.product(ms, CONFIGS):
+        if cfg.mt == 2 and m > 16:
+            continue
+        x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        y = kernel(x, p, bias, cfg, out=out)
+        assert not torch.isnan(y).any(), (m, cfg)
+        assert rel_err(y, x.double() @ wd.t() + bias.double()) < tol, (m, cfg)
+        assert torch.equal(y, kernel(x, p, bias, cfg)), "not deterministic"
+        yg = kernel(x, pg, None, MMAConfig(1, cfg.warps, cfg.split_k, min(cfg.depth, 4)))
+        gref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
+        assert rel_err(yg, gref) < 2 * tol, (m, cfg)
+
+
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_nvfp4_kernel_against_reference(dtype):
@@ -143,20 +162,7 @@ def test_nvfp4_kernel_against_reference(dtype):
     p, pg = prepack_nvfp4(w), prepack_nvfp4_gated(gate, up)
     wd, gd, ud = (dequantize_nvfp4(t).double() for t in (w, gate, up))
     bias = torch.randn(n, device="cuda", generator=gen).to(dtype)
-    tol = 5e-4 if dtype == torch.float16 else 4e-3
-    for m, cfg in itertools.product([1, 2, 7, 8, 9, 16, 17, 32], CONFIGS):
-        if cfg.mt == 2 and m > 16:
-            continue
-        x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
-        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-        y = nvfp4_mma_gemm(x, p, bias, cfg, out=out)
-        assert not torch.isnan(y).any(), (m, cfg)
-        assert rel_err(y, x.double() @ wd.t() + bias.double()) < tol, (m, cfg)
-        assert torch.equal(y, nvfp4_mma_gemm(x, p, bias, cfg)), "not deterministic"
-        gcfg = MMAConfig(1, cfg.warps, cfg.split_k, min(cfg.depth, 4))
-        yg = nvfp4_mma_gemm(x, pg, None, gcfg)
-        gref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
-        assert rel_err(yg, gref) < 2 * tol, (m, cfg)
+    check_kernel(nvfp4_mma_gemm, p, pg, wd, gd, ud, bias, [1, 2, 7, 8, 9, 16, 17, 32], gen)
 
 
 @gpu
@@ -170,19 +176,7 @@ def test_fp8_kernel_against_reference(dtype, per_channel):
     p, pg = prepack_fp8(w), prepack_fp8_gated(gate, up)
     wd, gd, ud = (dequantize_fp8(t).double() for t in (w, gate, up))
     bias = torch.randn(n, device="cuda", generator=g).to(dtype)
-    tol = 5e-4 if dtype == torch.float16 else 4e-3
-    for m, cfg in itertools.product([1, 3, 8, 12, 32], CONFIGS):
-        if cfg.mt == 2 and m > 16:
-            continue
-        x = torch.randn(m, k, device="cuda", generator=g).to(dtype)
-        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-        y = fp8_mma_gemm(x, p, bias, cfg, out=out)
-        assert not torch.isnan(y).any(), (m, cfg)
-        assert rel_err(y, x.double() @ wd.t() + bias.double()) < tol, (m, cfg)
-        assert torch.equal(y, fp8_mma_gemm(x, p, bias, cfg))
-        yg = fp8_mma_gemm(x, pg, None, MMAConfig(1, cfg.warps, cfg.split_k, min(cfg.depth, 4)))
-        gref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
-        assert rel_err(yg, gref) < 2 * tol, (m, cfg)
+    check_kernel(fp8_mma_gemm, p, pg, wd, gd, ud, bias, [1, 3, 8, 12, 32], g)
 
 
 @gpu

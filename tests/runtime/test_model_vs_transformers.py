@@ -36,10 +36,9 @@ def compare(hf_class, float_ckpt, ckpt, ids, min_top1=0.99):
     return logits
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed"])
-def test_smollm2_teacher_forced(smollm2_bf16, tmp_path, fmt):
-    from transformers import AutoTokenizer, LlamaForCausalLM
+def smollm2_case(smollm2_bf16, tmp_path, fmt):
+    """SmolLM2 quantized to ``fmt`` and 256 tokens of English to teacher-force it with."""
+    from transformers import AutoTokenizer
 
     ckpt = quantize_checkpoint(smollm2_bf16, tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt),
                                                                               progress=False)).dst
@@ -48,6 +47,15 @@ def test_smollm2_teacher_forced(smollm2_bf16, tmp_path, fmt):
             "sixteen keeps most of the information, and the model still answers questions. ") * 8
     ids = tok(text, return_tensors="pt").input_ids[:, :256]
     assert ids.shape[1] == 256
+    return ckpt, ids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed"])
+def test_smollm2_teacher_forced(smollm2_bf16, tmp_path, fmt):
+    from transformers import LlamaForCausalLM
+
+    ckpt, ids = smollm2_case(smollm2_bf16, tmp_path, fmt)
     compare(LlamaForCausalLM, smollm2_bf16, ckpt, ids)
 
 
@@ -93,14 +101,9 @@ GPU_MIN_TOP1 = 0.97
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed"])
 def test_smollm2_teacher_forced_on_gpu(smollm2_bf16, tmp_path, fmt, dtype):
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    ckpt = quantize_checkpoint(smollm2_bf16, tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt),
-                                                                              progress=False)).dst
-    tok = AutoTokenizer.from_pretrained(str(smollm2_bf16))
-    text = ("Quantization stores each weight in fewer bits. A 4-bit weight with a shared scale per block of "
-            "sixteen keeps most of the information, and the model still answers questions. ") * 8
-    ids = tok(text, return_tensors="pt").input_ids[:, :256]
+    ckpt, ids = smollm2_case(smollm2_bf16, tmp_path, fmt)
     model, reader = load_model(ckpt, "cuda", dtype, progress=False)
     model.setup_caches(1, 256)
     logits = []

@@ -124,6 +124,11 @@ __device__ __forceinline__ u16 float_to_out(float f) {
     return h;
 }
 
+// mma accumulator element i of n8 tile b in thread (g, t): activation row (output column) m, and the row offset
+// (0 or 8) from the thread's weight row g.
+__device__ __forceinline__ int acc_col(int b, int t, int i) { return b * 8 + 2 * t + (i & 1); }
+__device__ __forceinline__ int acc_row_offset(int i) { return (i >> 1) * 8; }
+
 __device__ __forceinline__ u32 word_of(const uint4& w, int q) {
     return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
 }
@@ -291,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
             for (int b = 0; b < NT; ++b)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int m = b * 8 + 2 * t + (i & 1), n = rows[a] + (i >> 1) * 8;
+                    const int m = acc_col(b, t, i), n = rows[a] + acc_row_offset(i);
                     if (m < M) mine[(long long)m * rows_total + n] = acc[a][b][i];
                 }
         __threadfence();
@@ -306,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
             for (int b = 0; b < NT; ++b)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int m = b * 8 + 2 * t + (i & 1), n = rows[a] + (i >> 1) * 8;
+                    const int m = acc_col(b, t, i), n = rows[a] + acc_row_offset(i);
                     float sum = 0.0f;
                     if (m < M)
                         for (int z = 0; z < split; ++z) sum += __ldcg(partial + ((long long)z * M + m) * rows_total + n);
@@ -315,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         if (threadIdx.x == 0) counters[blockIdx.x] = 0;
     }
 
-    // gscale: NVFP4 the one global scale, FP8 one scale per prepack row.
+    // The weight value in the mma is w * 2^-e (see above); the epilogue restores 2^e and the scale.
 #if FP8 && BF16
     const float unit = 1.0f;
 #elif FP8
@@ -331,19 +336,12 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         for (int b = 0; b < NT; ++b)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int m = b * 8 + 2 * t + (i & 1), n = rows[a] + (i >> 1) * 8;
+                const int m = acc_col(b, t, i), n = rows[a] + acc_row_offset(i);
                 if (m >= M || n >= N_OUT) continue;
-#if FP8
-                float y = acc[a][b][i] * unit * gscale[n];
-#else
-                float y = acc[a][b][i] * unit * gscale[0];
-#endif
+                // gscale: FP8 one scale per prepack row, NVFP4 the one global scale
+                float y = acc[a][b][i] * unit * gscale[FP8 ? n : 0];
 #if GATED
-#if FP8
-                const float u = acc[a + MT][b][i] * unit * gscale[rows[a + MT] + (i >> 1) * 8];
-#else
-                const float u = acc[a + MT][b][i] * unit * gscale[0];
-#endif
+                const float u = acc[a + MT][b][i] * unit * gscale[FP8 ? rows[a + MT] + acc_row_offset(i) : 0];
                 y = y / (1.0f + __expf(-y)) * u;
 #elif HAS_BIAS
                 y += act_to_float(bias[n]);
