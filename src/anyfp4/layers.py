@@ -57,13 +57,26 @@ class FP8Linear(nn.Module):
         return torch.ops.anyfp4.fp8_linear(x, self.codes, self.scales, bias, self.out_features, self.in_features)
 
 
+SMALL_ROWS = 32
+
+
 class DenseLinear(nn.Module):
+    """cuBLAS; on a GPU a call of at most ``SMALL_ROWS`` rows runs on exactly ``SMALL_ROWS`` rows (zero
+    padded). cuBLAS picks its kernel, and so each row's summation order, by shape: one shape for every
+    small step makes a row's output independent of how many rows share the step (a one-token decode
+    step and a speculative verify pass give the same bits). At <= 32 rows the GEMM reads the weight
+    once either way, so the padding costs ~1-3% of the layer (H200, benchmarks/NOTES.md)."""
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, device, dtype):
         super().__init__()
         self.register_buffer("weight", weight.to(device=device, dtype=dtype))
         self.register_buffer("bias", bias.to(device=device, dtype=dtype) if bias is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if x.is_cuda and 0 < rows <= SMALL_ROWS:
+            padded = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, SMALL_ROWS - rows))
+            return F.linear(padded, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)
         return F.linear(x, self.weight, self.bias)
 
 

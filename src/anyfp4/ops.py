@@ -7,6 +7,10 @@
 - ``fp8_linear(x, codes, scales, bias, out_features, in_features)`` and
   ``fp8_gated(x, codes, scales, up_offset, out_features, in_features)``: the same for an FP8
   prepack (``kernels.fp8_linear``): M = 1 runs an FP8 GEMV kernel, larger M dequantizes + cuBLAS.
+- ``small_attention(q, k_cache, v_cache, mask, input_pos)``: grouped-query attention of t <= 32 new
+  positions over the static KV cache (``kernels.small_attention``), (b, t, h, hd) out; CUDA only.
+- ``rms_norm(x, weight, eps)``: RMSNorm over the last dimension (``kernels.rms_norm``: one Triton
+  program per row on CUDA, rows independent of each other; the pure-torch definition on the CPU).
 
 Inside the op (so torch.compile and CUDA graphs never bake a branch in): on CUDA, M = rows of
 ``x`` picks the kernel — M <= 32 on sm_80+: the CUDA tensor-core decode kernel (``kernels.weight_mma``,
@@ -230,3 +234,38 @@ def fp8_gated(x: Tensor, codes: Tensor, scales: Tensor, up_offset: int, out_feat
 @fp8_gated.register_fake
 def _(x, codes, scales, up_offset, out_features, in_features):
     return x.new_empty(*x.shape[:-1], out_features)
+
+
+@torch.library.custom_op("anyfp4::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    from .kernels.rms_norm import rms_norm_reference, rms_norm_triton
+
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"rms_norm: weight has shape {tuple(weight.shape)}, x has {x.shape[-1]} features")
+    if weight.device != x.device:
+        raise ValueError("rms_norm: x and weight must be on one device")
+    if x.device.type == "cuda":
+        return rms_norm_triton(x, weight, eps)
+    return rms_norm_reference(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("anyfp4::small_attention", mutates_args=())
+def small_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor, input_pos: Tensor) -> Tensor:
+    from .kernels.small_attention import small_attention as run
+
+    if mask.dtype != torch.bool:
+        raise TypeError(f"small_attention: mask must be bool, got {mask.dtype}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"small_attention: q {q.dtype}, caches {k_cache.dtype}/{v_cache.dtype} must match")
+    return run(q, k_cache, v_cache, mask, input_pos)
+
+
+@small_attention.register_fake
+def _(q, k_cache, v_cache, mask, input_pos):
+    b, h, t, hd = q.shape
+    return q.new_empty(b, t, h, hd)

@@ -18,6 +18,8 @@ from anyfp4.kernels.fp8_linear import fp8_dequant_kernel, fp8_gemv_kernel
 from anyfp4.kernels.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kernel, splitk_reduce_kernel
 from anyfp4.kernels.nvfp4_dequant import nvfp4_dequant_kernel
 from anyfp4.kernels.nvfp4_gemv import nvfp4_gemv_kernel
+from anyfp4.kernels.rms_norm import rms_norm_kernel
+from anyfp4.kernels.small_attention import small_attention_kernel
 
 ARCHS = [70, 75, 80, 86, 89, 90]
 
@@ -86,6 +88,15 @@ def support_kernels_compile(cc):
                                            "out_ptr": f"*{act}", "N": "i32", "K": "i32", "ROW0": "i32",
                                            "stride_c": "i32", "stride_s": "i32", "stride_on": "i32"},
                     {"BLOCK_N": 32, "BLOCK_K": 128, "INTERPRET": False}, cc)
+        compile_for(rms_norm_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "y_ptr": f"*{act}", "n_cols": "i32",
+                                      "stride_x": "i32", "stride_y": "i32", "eps": "fp32"},
+                    {"BLOCK": 4096, "INTERPRET": False}, cc, num_warps=16)
+        attn_sig = {"q_ptr": f"*{act}", "k_ptr": f"*{act}", "v_ptr": f"*{act}", "mask_ptr": "*i1", "pos_ptr": "*i64",
+                    "out_ptr": f"*{act}", **{n: "i32" for n in ("T", "G", "KVH", "HD")}, "scale": "fp32",
+                    **{n: "i32" for n in ("sq_b", "sq_h", "sq_t", "sk_b", "sk_h", "sk_s", "sv_b", "sv_h", "sv_s",
+                                          "sm_b", "sm_t", "so_b", "so_t", "so_h")}}
+        for block_d in (64, 128):
+            compile_for(small_attention_kernel, attn_sig, {"BLOCK_D": block_d, "INTERPRET": False}, cc)
 
 
 @pytest.mark.parametrize("cc", ARCHS)

@@ -45,10 +45,30 @@ def test_generate_with_graphs_matches_eager_generate(monkeypatch):
 def test_speculative_verify_graphs_give_the_plain_greedy_text():
     from anyfp4.runtime.speculative import generate_speculative
 
-    model = random_model("smollm2-135m", "nvfp4", torch.device("cuda"), torch.float16, progress=False)
-    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
-    params = SamplingParams(max_new_tokens=24)
+    model = random_model("smollm2-135m", "nvfp4", torch.device("cuda"), torch.bfloat16, progress=False)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7] * 4
+    params = SamplingParams(max_new_tokens=64)
     plain = generate(model, [prompt], params)[0]
-    for k in (1, 4, 7):  # verify passes of M = 2, 5, 8 rows, each a captured graph
+    for k in range(1, 8):  # verify passes of M = 2 .. 8 rows, each a captured graph
         spec, stats = generate_speculative(model, prompt, params, k)
         assert spec == plain and stats.verify_steps >= 1
+
+
+@gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "bf16"])
+def test_a_verify_pass_gives_the_bits_of_decode_steps(fmt):
+    """Speculation's greedy text equals plain decoding's only if a row of an M-row pass is computed exactly
+    as a one-row step: the logits of one 6-row pass equal those of 6 single-token steps, bit for bit,
+    with caches of different lengths (as generate and generate_speculative allocate)."""
+    model = random_model("smollm2-135m", fmt, torch.device("cuda"), torch.bfloat16, progress=False)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    prompt = torch.randint(0, model.args.vocab_size, (1, 40), device="cuda", generator=gen)
+    new = torch.randint(0, model.args.vocab_size, (1, 6), device="cuda", generator=gen)
+    step = decode_step(model)
+    model.setup_caches(1, 64)
+    model(prompt, torch.arange(40, device="cuda"))
+    singles = torch.cat([step(new[:, i:i + 1], torch.tensor([40 + i], device="cuda")).clone() for i in range(6)], 1)
+    model.setup_caches(1, 80)
+    model(prompt, torch.arange(40, device="cuda"))
+    verify = step(new, torch.arange(40, 46, device="cuda"))
+    assert torch.equal(verify, singles)

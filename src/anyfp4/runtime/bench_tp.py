@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .bench import bench_model
-from .parallel import init_process_group, load_model_tp, rank_args
+from .parallel import init_process_group, load_model_tp, rank_args, run_rank
 
 
 def _allreduce_seconds(x: torch.Tensor, reps: int = 50) -> float:
@@ -34,7 +34,8 @@ def _allreduce_seconds(x: torch.Tensor, reps: int = 50) -> float:
 def bench_worker(rank: int, tp: int, spec: str, device_type: str, dtype_name: str, prompt_len: int, gen_len: int,
                  batch: int, port: int, result_file: str) -> None:
     init_process_group(rank, tp, device_type, port)
-    try:
+
+    def work():
         device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
         dtype = getattr(torch, dtype_name)
         if spec.startswith("random:"):
@@ -57,9 +58,9 @@ def bench_worker(rank: int, tp: int, spec: str, device_type: str, dtype_name: st
                      same_tokens_on_every_rank=len({x["sha256"] for x in ranks}) == 1)
             with open(result_file, "w") as f:
                 json.dump(r, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        return model
+
+    run_rank(work)
 
 
 def bench_tp(spec: str, tp: int, device_type: str, dtype_name: str, prompt_len: int, gen_len: int, batch: int,

@@ -53,7 +53,10 @@ class GraphedDecodeStep:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # Nothing in flight, and only this thread's calls checked during capture: with tensor parallelism
+        # NCCL's watchdog thread polls events of earlier collectives, which a "global" capture forbids.
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             logits = self.model(*static)
         return _Captured(graph, *static, logits, self._caches())
 

@@ -126,7 +126,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         model = build_model(args, CheckpointSource(reader), torch.device(device), dtype, progress)
     except torch.cuda.OutOfMemoryError:
         need = sum(reader.index[n].nbytes for n in reader.index.names())
-        free = torch.cuda.mem_get_info(torch.device(device))[0] if torch.cuda.is_available() else 0
+        dev = torch.device(device)
+        free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" and torch.cuda.is_available() else 0
         raise MemoryError(
             f"out of GPU memory while loading {path}: its weights take {need / 1024**3:.1f} GiB on disk and "
             f"{free / 1024**3:.1f} GiB are free now on {device}; free the GPU, use a smaller checkpoint, "

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
 from .config import ModelArgs, rope_inv_freq
 
 
@@ -43,9 +44,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * xf).to(x.dtype)
+        return torch.ops.anyfp4.rms_norm(x, self.weight, self.eps)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -84,6 +83,9 @@ class Attention(nn.Module):
         k = (k * cos + rotate_half(k) * sin).to(v.dtype)
         self.k_cache.index_copy_(2, input_pos, k)
         self.v_cache.index_copy_(2, input_pos, v)
+        if t <= SMALL_Q and q.is_cuda:  # rows independent of t: decode and verify steps give the same bits
+            y = torch.ops.anyfp4.small_attention(q, self.k_cache, self.v_cache, mask, input_pos)
+            return self.o_proj(y.reshape(b, t, a.num_heads * a.head_dim))
         if t <= SMALL_Q:
             y = attend_small(q, self.k_cache, self.v_cache, mask)
         else:

@@ -134,7 +134,32 @@ def init_process_group(rank: int, tp: int, device_type: str, port: int) -> None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # CPU ranks are local: talk over loopback
     if device_type == "cuda":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=tp)
+        dist.init_process_group(backend, rank=rank, world_size=tp, device_id=torch.device("cuda", rank))
+    else:
+        dist.init_process_group(backend, rank=rank, world_size=tp)
+
+
+def run_rank(work, *args) -> None:
+    """Run one rank's ``work(*args)`` inside an initialised process group. On an error the traceback is
+    printed and the process leaves at once: tearing NCCL down with collectives still pending on the other
+    ranks would hang, and the parent's ``mp.spawn`` then stops the other ranks and reports the failure."""
+    import sys
+    import traceback
+
+    try:
+        model = work(*args)
+        dist.barrier()  # no rank tears its connections down while another still uses them
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    if model is not None and model.device.type == "cuda":
+        from .generate import forget_decode_graphs
+
+        forget_decode_graphs(model)  # graphs holding NCCL kernels go before the communicator
+        torch.cuda.synchronize()
+    del model
+    dist.destroy_process_group()
 
 
 def generate_worker(rank: int, tp: int, path: str, prompts: list, params, device_type: str, dtype_name: str,
@@ -146,16 +171,17 @@ def generate_worker(rank: int, tp: int, path: str, prompts: list, params, device
     from .generate import generate
 
     init_process_group(rank, tp, device_type, port)
-    try:
+
+    def work():
         device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
         model = load_model_tp(path, device, getattr(torch, dtype_name), rank, tp)
         out = generate(model, prompts, params)
         if rank == 0:
             with open(result_file, "w") as f:
                 json.dump(out, f)
-        dist.barrier()  # no rank tears its connections down while another still uses them
-    finally:
-        dist.destroy_process_group()
+        return model
+
+    run_rank(work)
 
 
 def generate_tp(path, prompts: list, params, tp: int, device_type: str = "cpu", dtype_name: str = "float32",
