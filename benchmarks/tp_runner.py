@@ -48,18 +48,19 @@ def _device(kind: str, rank: int) -> torch.device:
 
 
 def rank_worker(rank, tp, kind, arch, fmt, prompt, gen_len, forced, port, result_file):
-    from anyfp4.runtime.parallel import init_process_group
+    from anyfp4.runtime.parallel import init_process_group, run_rank
 
     init_process_group(rank, tp, kind, port)
-    try:
+
+    def work():
         dtype = torch.bfloat16 if kind == "cuda" else torch.float32
         model = random_model(arch, fmt, _device(kind, rank), dtype, progress=False, rank=rank, tp=tp)
         new, logits = run(model, prompt, gen_len, forced)
         if rank == 0:
             torch.save({"tokens": new, "logits": logits}, result_file)
-        torch.distributed.barrier()
-    finally:
-        torch.distributed.destroy_process_group()
+        return model
+
+    run_rank(work)
 
 
 def main():

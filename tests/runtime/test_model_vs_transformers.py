@@ -13,7 +13,7 @@ from anyfp4.runtime.loader import load_model
 LOGIT_ATOL = 1e-3
 
 
-def reference_logits(hf_class, float_ckpt, reader, ids):
+def reference_logits(hf_class, float_ckpt, reader, ids, dtype=torch.float32, device="cpu"):
     hf = hf_class.from_pretrained(str(float_ckpt), dtype=torch.float32)
     sd = hf.state_dict()
     with torch.no_grad():
@@ -21,7 +21,8 @@ def reference_logits(hf_class, float_ckpt, reader, ids):
             key = layer.name + ".weight"
             if key in sd:
                 sd[key].copy_(reader.dequantize(layer))
-        return hf(ids).logits
+        hf = hf.to(device=device, dtype=dtype)
+        return hf(ids.to(device)).logits.float().cpu()
 
 
 def compare(hf_class, float_ckpt, ckpt, ids, min_top1=0.99):
@@ -90,9 +91,9 @@ def test_architectures_match_transformers(tmp_path, arch):
     compare(cls, src, q, ids, min_top1=1.0)
 
 
-# On a GPU in fp16 / bf16 the runner's kernels (not the reference) run: rounding of the activations and of
-# every fp16/bf16 product differs from the float32 reference, so the bounds are looser.
-GPU_LOGIT_ATOL = {torch.float16: 0.35, torch.bfloat16: 0.75}
+# On a GPU in fp16 / bf16 the runner's kernels (not the reference) run: activations are rounded to fp16 /
+# bf16 between operations, so the logits move away from the float32 reference by about as much as
+# transformers' own model moves in that dtype on the same weights. The bound: no more than twice that.
 GPU_MIN_TOP1 = 0.97
 
 
@@ -113,6 +114,8 @@ def test_smollm2_teacher_forced_on_gpu(smollm2_bf16, tmp_path, fmt, dtype):
             logits.append(model(ids[:, i:i + 1].cuda(), torch.tensor([i], device="cuda")).float().cpu())
     logits = torch.cat(logits, dim=1)
     ref = reference_logits(LlamaForCausalLM, smollm2_bf16, reader, ids)
+    theirs = reference_logits(LlamaForCausalLM, smollm2_bf16, reader, ids, dtype, "cuda")
     top1 = (logits.argmax(-1) == ref.argmax(-1)).float().mean().item()
     assert top1 >= GPU_MIN_TOP1, top1
-    assert (logits - ref).abs().max().item() <= GPU_LOGIT_ATOL[dtype]
+    ours_err, their_err = (logits - ref).abs().max().item(), (theirs - ref).abs().max().item()
+    assert ours_err <= 2 * their_err, (ours_err, their_err)
