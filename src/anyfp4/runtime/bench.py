@@ -67,8 +67,9 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
         if batch != 1:
             raise ValueError("bench with speculation runs batch 1")
         prompt = prompt[:, :16].repeat(1, -(-prompt_len // 16))[:, :prompt_len]
-    total = prompt_len + gen_len
-    model.setup_caches(batch, total)
+    from .generate import cache_slots
+
+    model.setup_caches(batch, cache_slots(prompt_len, gen_len, model.args.max_position_embeddings))
     model(prompt[:, :8], torch.arange(8, device=device))  # warm-up: kernels compiled, caches touched
     for i in range(3):  # compiles / captures the decode step when asked to; inputs built like the real ones
         tok = torch.empty(batch, dtype=torch.long, device=device).copy_(prompt[:, i])  # same strides as argmax

@@ -60,6 +60,16 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return torch.multinomial(probabilities(logits, params), 1, generator=generator).squeeze(-1)
 
 
+MAX_DRAFT_TOKENS = 16
+
+
+def cache_slots(prompt_len: int, max_new_tokens: int, limit: int) -> int:
+    """KV-cache slots for one generation: prompt, new tokens and room for a speculative verify pass past
+    the last token. Plain and speculative decoding allocate the same, so they run the same shapes (the
+    same prefill bits) and a second generation of the same size reuses the cache and its CUDA graphs."""
+    return min(prompt_len + max_new_tokens + MAX_DRAFT_TOKENS + 1, limit)
+
+
 _COMPILED: "weakref.WeakKeyDictionary[Transformer, Callable]" = weakref.WeakKeyDictionary()
 
 
@@ -110,9 +120,10 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
     if total > limit:
         raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the model's "
                          f"context of {limit} tokens")
-    model.setup_caches(b, total)
+    slots = cache_slots(longest, params.max_new_tokens, limit)
+    model.setup_caches(b, slots)
     tokens = torch.zeros(b, longest, dtype=torch.long, device=device)
-    valid = torch.zeros(b, total, dtype=torch.bool, device=device)
+    valid = torch.zeros(b, slots, dtype=torch.bool, device=device)
     for i, p in enumerate(prompts):
         tokens[i, longest - len(p):] = torch.tensor(list(p), dtype=torch.long)
         valid[i, longest - len(p):] = True

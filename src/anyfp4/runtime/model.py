@@ -125,14 +125,19 @@ class Transformer(nn.Module):
         return self.embed.dtype
 
     def setup_caches(self, batch: int, max_seq: int) -> None:
-        """Allocate the static KV cache for ``batch`` sequences of up to ``max_seq`` tokens."""
+        """The static KV cache for ``batch`` sequences of up to ``max_seq`` tokens, zeroed (the same tensors
+        when the shape is unchanged)."""
         a = self.args
         if max_seq > a.max_position_embeddings:
             raise ValueError(f"{max_seq} tokens exceed the model's context of {a.max_position_embeddings}")
         shape = (batch, a.num_kv_heads, max_seq, a.head_dim)
         for blk in self.blocks:
-            blk.attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            blk.attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            for name in ("k_cache", "v_cache"):
+                old = getattr(blk.attn, name)
+                if old is not None and old.shape == shape and old.dtype == self.dtype and old.device == self.device:
+                    old.zero_()  # the same tensors: CUDA graphs captured over them stay valid
+                else:
+                    setattr(blk.attn, name, torch.zeros(shape, dtype=self.dtype, device=self.device))
         self.max_seq = max_seq
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, rope_pos: torch.Tensor | None = None,

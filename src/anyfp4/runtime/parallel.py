@@ -95,7 +95,8 @@ class ShardedSource(WeightSource):
 
 
 class AllReduce(nn.Module):
-    """A row-parallel linear followed by the sum of the ranks' partial outputs."""
+    """A row-parallel linear followed by the sum of the ranks' partial outputs, added in float32 and
+    rounded once (as one GPU's split-K sum is), not in fp16/bf16 rank by rank."""
 
     def __init__(self, inner: nn.Module):
         super().__init__()
@@ -103,8 +104,12 @@ class AllReduce(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.inner(x)
-        dist.all_reduce(y)
-        return y
+        if y.dtype == torch.float32:
+            dist.all_reduce(y)
+            return y
+        acc = y.float()
+        dist.all_reduce(acc)
+        return acc.to(y.dtype)
 
 
 def wrap_row_parallel(model: nn.Module) -> None:

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from .generate import SamplingParams, decode_step, probabilities, sample
+from .generate import MAX_DRAFT_TOKENS, SamplingParams, cache_slots, decode_step, probabilities, sample
 from .model import Transformer
 
 
@@ -102,14 +102,14 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
                          draft_model: Transformer | None = None) -> tuple[list[int], SpecStats]:
     """Generation with speculation: greedy gives the same tokens as ``generate`` (up to floating-point
     differences between an M-row and a one-row forward pass); sampling keeps the target distribution."""
-    if not 1 <= draft_tokens <= 16:
-        raise ValueError("draft_tokens must be between 1 and 16")
+    if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
+        raise ValueError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}")
     device = model.device
     total = len(prompt) + params.max_new_tokens + draft_tokens + 1
     if total > model.args.max_position_embeddings:
         raise ValueError(f"prompt + max_new_tokens exceeds the model's context of "
                          f"{model.args.max_position_embeddings} tokens")
-    model.setup_caches(1, total)
+    model.setup_caches(1, cache_slots(len(prompt), params.max_new_tokens, model.args.max_position_embeddings))
     drafter = DraftModel(draft_model, model) if draft_model is not None else None
     if drafter is not None:
         drafter.start(total)
