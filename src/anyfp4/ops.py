@@ -251,7 +251,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 @rms_norm.register_fake
 def _(x, weight, eps):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # contiguous, like the kernel's output
 
 
 @torch.library.custom_op("anyfp4::small_attention", mutates_args=())
