@@ -246,7 +246,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
         raise ValueError("rms_norm: x and weight must be on one device")
     if x.device.type == "cuda":
         return rms_norm_triton(x, weight, eps)
-    return rms_norm_reference(x, weight, eps)
+    return rms_norm_reference(x, weight, eps).contiguous()
 
 
 @rms_norm.register_fake

@@ -36,3 +36,8 @@ def test_rows_do_not_depend_on_the_row_count(device):
 def test_the_op_checks_its_weight():
     with pytest.raises(ValueError, match="rms_norm: weight has shape"):
         torch.ops.anyfp4.rms_norm(torch.zeros(2, 8), torch.ones(7), 1e-5)
+
+
+def test_the_op_passes_opcheck_on_strided_input(device):
+    x = torch.randn(2, 3, 64, device=device).transpose(0, 1)
+    torch.library.opcheck(torch.ops.anyfp4.rms_norm.default, (x, torch.rand(64, device=device) + 0.5, 1e-5))
