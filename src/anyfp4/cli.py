@@ -87,6 +87,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     params = _sampling(args)
     if args.tp > 1:
+        if args.speculate:
+            raise SystemExit("anyfp4 generate --tp: --speculate runs on one device only")
         return _cmd_generate_tp(args, params)
     session = Session.load(args.model, args.device, args.dtype, progress=not args.quiet,
                            compile_decode=args.compile)
@@ -95,21 +97,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                for t in texts]
     try:
         if args.speculate:
-            from .runtime.speculative import generate_speculative
-
             if len(prompts) != 1:
                 raise SystemExit("anyfp4 generate: --speculate runs one prompt")
-            draft = None
-            if args.speculate != "ngram":
-                from .runtime.loader import load_model
-
-                draft, _ = load_model(args.speculate, session.model.device, session.model.dtype, progress=False)
-            params = replace(params, stop_token_ids=session.stop_token_ids)
-            tokens, stats = generate_speculative(session.model, prompts[0], params, args.draft_tokens, draft)
-            print(session.tokenizer.decode([t for t in tokens if t not in params.stop_token_ids],
-                                           skip_special_tokens=True))
-            print(f"[speculation: {stats.verify_steps} verify steps for {len(tokens)} tokens, acceptance length "
-                  f"{stats.acceptance_length:.2f} of {args.draft_tokens}]", file=sys.stderr)
+            _start_speculation(session, args)
+            session.complete(prompts, params, stream=sys.stdout)
+            _print_speculation(session, args)
         elif len(prompts) == 1:
             session.complete(prompts, params, stream=sys.stdout)
         else:
@@ -120,14 +112,39 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_speculation(session, args: argparse.Namespace) -> None:
+    """Replies of ``session`` decode speculatively: ``--speculate ngram`` or a draft checkpoint."""
+    if not 1 <= args.draft_tokens <= 16:
+        raise SystemExit("--draft-tokens must be between 1 and 16")
+    session.draft_tokens = args.draft_tokens
+    if args.speculate != "ngram":
+        from .runtime.loader import load_model
+
+        session.draft_model, _ = load_model(args.speculate, session.model.device, session.model.dtype,
+                                            progress=False)
+        if session.draft_model.args.vocab_size != session.model.args.vocab_size:
+            raise SystemExit(f"the draft model {args.speculate} has another vocabulary "
+                             f"({session.draft_model.args.vocab_size} vs {session.model.args.vocab_size})")
+
+
+def _print_speculation(session, args: argparse.Namespace) -> None:
+    stats = session.last_stats
+    if stats is not None:
+        print(f"[speculation: {stats.verify_steps} verify steps, acceptance length {stats.acceptance_length:.2f} "
+              f"of {args.draft_tokens}]", file=sys.stderr)
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
     from .runtime.session import Session, chat_loop
 
     params = _sampling(args)
     session = Session.load(args.model, args.device, args.dtype, progress=not args.quiet,
                            compile_decode=args.compile)
+    if args.speculate:
+        _start_speculation(session, args)
     print("anyfp4 chat: type a message and press enter; an empty line ends the chat.")
-    chat_loop(session, params, system=args.system)
+    chat_loop(session, params, system=args.system,
+              after_reply=(lambda: _print_speculation(session, args)) if args.speculate else None)
     return 0
 
 
@@ -248,6 +265,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    "a CUDA graph); the first steps pay the compile time")
 
 
+def _add_speculation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculate", metavar="ngram|DRAFT_MODEL", help="speculative decoding: prompt-lookup "
+                   "drafts, or a draft model checkpoint sharing the tokenizer (greedy text unchanged)")
+    p.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify step (1..16)")
+
+
 def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
     p.add_argument("--max-tokens", type=int, default=max_tokens, help="most new tokens per reply")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
@@ -286,9 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(g)
     g.add_argument("--prompt", help="the prompt; without it, one prompt per line of standard input")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn in the chat template")
-    g.add_argument("--speculate", metavar="ngram|DRAFT_MODEL", help="speculative decoding: prompt-lookup "
-                   "drafts, or a draft model checkpoint sharing the tokenizer")
-    g.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify step (1..16)")
+    _add_speculation_args(g)
     g.add_argument("--tp", type=int, default=1, help="tensor parallelism: split the model over N GPUs (NCCL) or, "
                    "on a machine without GPUs, N CPU processes (gloo)")
     _add_sampling_args(g)
@@ -297,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("chat", help="interactive chat through the checkpoint's chat template")
     _add_model_args(c)
     c.add_argument("--system", help="system prompt")
+    _add_speculation_args(c)
     _add_sampling_args(c, 512)
     c.set_defaults(func=_cmd_chat)
 

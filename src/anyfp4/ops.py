@@ -9,6 +9,8 @@
   prepack (``kernels.fp8_linear``): M = 1 runs an FP8 GEMV kernel, larger M dequantizes + cuBLAS.
 - ``small_attention(q, k_cache, v_cache, mask, input_pos)``: grouped-query attention of t <= 32 new
   positions over the static KV cache (``kernels.small_attention``), (b, t, h, hd) out; CUDA only.
+- ``rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos)``: rotary embedding of q and k, k and v
+  written into the caches at ``input_pos`` (``kernels.rope_cache``), rotated q out; CUDA only.
 - ``rms_norm(x, weight, eps)``: RMSNorm over the last dimension (``kernels.rms_norm``: one Triton
   program per row on CUDA, rows independent of each other; the pure-torch definition on the CPU).
 
@@ -269,3 +271,20 @@ def small_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor, i
 def _(q, k_cache, v_cache, mask, input_pos):
     b, h, t, hd = q.shape
     return q.new_empty(b, t, h, hd)
+
+
+@torch.library.custom_op("anyfp4::rope_cache", mutates_args=("k_cache", "v_cache"))
+def rope_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+               input_pos: Tensor) -> Tensor:
+    from .kernels.rope_cache import rope_cache as run
+
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        raise TypeError("rope_cache: cos and sin must be float32")
+    if k.shape[-1] != q.shape[-1] or k_cache.shape[1] != k.shape[2] or k_cache.shape[-1] != q.shape[-1]:
+        raise ValueError(f"rope_cache: q {tuple(q.shape)}, k {tuple(k.shape)} and cache {tuple(k_cache.shape)} disagree")
+    return run(q, k, v, cos, sin, k_cache, v_cache, input_pos)
+
+
+@rope_cache.register_fake
+def _(q, k, v, cos, sin, k_cache, v_cache, input_pos):
+    return q.new_empty(q.shape, dtype=k_cache.dtype)

@@ -19,6 +19,7 @@ from anyfp4.kernels.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kern
 from anyfp4.kernels.nvfp4_dequant import nvfp4_dequant_kernel
 from anyfp4.kernels.nvfp4_gemv import nvfp4_gemv_kernel
 from anyfp4.kernels.rms_norm import rms_norm_kernel
+from anyfp4.kernels.rope_cache import rope_cache_kernel
 from anyfp4.kernels.small_attention import small_attention_kernel
 
 ARCHS = [70, 75, 80, 86, 89, 90]
@@ -97,6 +98,12 @@ def support_kernels_compile(cc):
                                           "sm_b", "sm_t", "so_b", "so_t", "so_h")}}
         for block_d in (64, 128):
             compile_for(small_attention_kernel, attn_sig, {"BLOCK_D": block_d, "INTERPRET": False}, cc)
+        rope_sig = {**{n: f"*{act}" for n in ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "kc_ptr", "vc_ptr")},
+                    "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64",
+                    **{n: "i32" for n in ("T", "H", "HALF", "sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b",
+                                          "sv_t", "sv_h", "sc_b", "sc_t", "sqo_b", "sqo_t", "sqo_h", "skc_b",
+                                          "skc_h", "skc_s", "svc_b", "svc_h", "svc_s")}}
+        compile_for(rope_cache_kernel, rope_sig, {"BLOCK": 64, "INTERPRET": False}, cc, num_warps=1)
 
 
 @pytest.mark.parametrize("cc", ARCHS)

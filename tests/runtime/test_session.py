@@ -29,3 +29,17 @@ def test_demo_command(smollm2_bf16, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "valid (structure and scale values checked)" in out
     assert "assistant: " in out and len(out.split("assistant: ")[1].strip()) > 0
+
+
+@pytest.mark.slow
+def test_chat_with_speculation_gives_the_same_reply(smollm2_bf16, tmp_path, monkeypatch, capsys):
+    ckpt = quantize_checkpoint(smollm2_bf16, tmp_path / "nvfp4", QuantizeOptions(format=TargetFormat.NVFP4,
+                                                                                  progress=False)).dst
+    turn = "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog.\n\n"
+    outputs = []
+    for extra in ([], ["--speculate", "ngram", "--draft-tokens", "3"]):
+        monkeypatch.setattr("sys.stdin", io.StringIO(turn))
+        assert main(["chat", str(ckpt), "--device", "cpu", "--quiet", "--max-tokens", "24", *extra]) == 0
+        outputs.append(capsys.readouterr())
+    assert outputs[0].out == outputs[1].out and "fox" in outputs[1].out
+    assert "[speculation:" in outputs[1].err and "[speculation:" not in outputs[0].err

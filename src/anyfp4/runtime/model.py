@@ -78,11 +78,15 @@ class Attention(nn.Module):
         v = v.view(b, t, a.num_kv_heads, a.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (b, heads, t, hd)
-        q = (q * cos + rotate_half(q) * sin).to(v.dtype)
-        k = (k * cos + rotate_half(k) * sin).to(v.dtype)
-        self.k_cache.index_copy_(2, input_pos, k)
-        self.v_cache.index_copy_(2, input_pos, v)
+        if q.is_cuda:  # one launch: rotary embedding of q and k, k and v into the caches
+            q = torch.ops.anyfp4.rope_cache(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache,
+                                            input_pos).transpose(1, 2)  # (b, heads, t, hd)
+        else:
+            q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (b, heads, t, hd)
+            q = (q * cos + rotate_half(q) * sin).to(v.dtype)
+            k = (k * cos + rotate_half(k) * sin).to(v.dtype)
+            self.k_cache.index_copy_(2, input_pos, k)
+            self.v_cache.index_copy_(2, input_pos, v)
         if t <= SMALL_Q and q.is_cuda:  # rows independent of t: decode and verify steps give the same bits
             y = torch.ops.anyfp4.small_attention(q, self.k_cache, self.v_cache, mask, input_pos)
             return self.o_proj(y.reshape(b, t, a.num_heads * a.head_dim))

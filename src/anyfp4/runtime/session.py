@@ -58,6 +58,9 @@ class Session:
     tokenizer: object
     stop_token_ids: tuple[int, ...]
     compile_decode: bool = False
+    draft_tokens: int = 0  # > 0: a single prompt is decoded speculatively with this many drafts per step
+    draft_model: Transformer | None = None  # None: prompt-lookup drafts
+    last_stats: object = None  # the SpecStats of the last speculative reply
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", dtype: str = "auto", progress: bool = True,
@@ -81,16 +84,24 @@ class Session:
         shown = [""]
         produced: list[int] = []
 
-        def on_tokens(step: list[int]) -> None:
-            produced.append(step[0])
+        def show(new: list[int]) -> None:
+            produced.extend(new)
             text = self.tokenizer.decode([t for t in produced if t not in params.stop_token_ids],
                                          skip_special_tokens=True)
             stream.write(text[len(shown[0]):])
             stream.flush()
             shown[0] = text
 
-        out = generate(self.model, prompts, params, on_tokens if stream is not None and len(prompts) == 1 else None,
-                       compile_decode=self.compile_decode)
+        streaming = stream is not None and len(prompts) == 1
+        if self.draft_tokens and len(prompts) == 1:
+            from .speculative import generate_speculative
+
+            tokens, self.last_stats = generate_speculative(self.model, prompts[0], params, self.draft_tokens,
+                                                           self.draft_model, show if streaming else None)
+            out = [tokens]
+        else:
+            out = generate(self.model, prompts, params, (lambda step: show(step[:1])) if streaming else None,
+                           compile_decode=self.compile_decode)
         if stream is not None and len(prompts) == 1:
             stream.write("\n")
         return [self.tokenizer.decode([t for t in o if t not in params.stop_token_ids], skip_special_tokens=True)
@@ -98,8 +109,10 @@ class Session:
 
 
 def chat_loop(session: Session, params: SamplingParams, system: str | None = None,
-              stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> None:
-    """Interactive chat: one user turn per line, the conversation kept; empty line or EOF ends it."""
+              stdin: TextIO | None = None, stdout: TextIO | None = None, after_reply=None) -> None:
+    """Interactive chat: one user turn per line, the conversation kept; empty line or EOF ends it.
+    ``after_reply`` is called after each reply (e.g. to report speculation statistics)."""
+    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     messages = [{"role": "system", "content": system}] if system else []
     while True:
         stdout.write("> ")
@@ -110,3 +123,5 @@ def chat_loop(session: Session, params: SamplingParams, system: str | None = Non
         messages.append({"role": "user", "content": line.strip()})
         reply = session.complete([session.encode_chat(messages)], params, stream=stdout)[0]
         messages.append({"role": "assistant", "content": reply})
+        if after_reply is not None:
+            after_reply()

@@ -16,7 +16,7 @@ overwrite them. On a GPU each verify pass of M rows replays a CUDA graph capture
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -99,9 +99,11 @@ class DraftModel:
 
 @torch.no_grad()
 def generate_speculative(model: Transformer, prompt: Sequence[int], params: SamplingParams, draft_tokens: int,
-                         draft_model: Transformer | None = None) -> tuple[list[int], SpecStats]:
-    """Generation with speculation: greedy gives the same tokens as ``generate`` (up to floating-point
-    differences between an M-row and a one-row forward pass); sampling keeps the target distribution."""
+                         draft_model: Transformer | None = None,
+                         on_tokens: Callable[[list[int]], None] | None = None) -> tuple[list[int], SpecStats]:
+    """Generation with speculation: greedy gives the same tokens as ``generate`` (on a GPU bit for bit: a
+    row of a verify pass is computed as a one-token step computes it); sampling keeps the target
+    distribution. ``on_tokens`` receives each step's new tokens as they are accepted."""
     if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         raise ValueError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}")
     device = model.device
@@ -121,6 +123,8 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
     verify = decode_step(model)
     logits = model(torch.tensor([list(prompt)], device=device), torch.arange(len(prompt), device=device))
     out = [int(sample(logits[:, -1], params, generator))]
+    if on_tokens is not None:
+        on_tokens(out[:])
     pos = len(prompt)  # cache slot of out[-1], not yet written
     stops = set(params.stop_token_ids)
     while len(out) < params.max_new_tokens and out[-1] not in stops:
@@ -153,9 +157,13 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
         stats.drafted += len(draft)
         stats.accepted += accepted
         stats.accepted_per_step.append(accepted)
+        kept = []
         for t in new:
-            out.append(t)
-            if t in stops or len(out) == params.max_new_tokens:
+            kept.append(t)
+            if t in stops or len(out) + len(kept) == params.max_new_tokens:
                 break
+        out.extend(kept)
+        if on_tokens is not None:
+            on_tokens(kept)
         pos += accepted + 1
     return out, stats
