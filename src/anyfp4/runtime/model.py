@@ -78,7 +78,9 @@ class Attention(nn.Module):
         v = v.view(b, t, a.num_kv_heads, a.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if q.is_cuda:  # one launch: rotary embedding of q and k, k and v into the caches
+        # One launch on CUDA: rotary embedding of q and k, k and v into the caches. Under torch.compile the
+        # torch ops below are fused by the compiler instead (and the caches stay plain in-place updates).
+        if q.is_cuda and not torch.compiler.is_compiling():
             q = torch.ops.anyfp4.rope_cache(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache,
                                             input_pos).transpose(1, 2)  # (b, heads, t, hd)
         else:
