@@ -12,7 +12,8 @@
 - ``rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos)``: rotary embedding of q and k, k and v
   written into the caches at ``input_pos`` (``kernels.rope_cache``), rotated q out; CUDA only.
 - ``rms_norm(x, weight, eps)``: RMSNorm over the last dimension (``kernels.rms_norm``: one Triton
-  program per row on CUDA, rows independent of each other; the pure-torch definition on the CPU).
+  program per row on CUDA, rows independent of each other; the pure-torch definition on the CPU);
+  ``add_rms_norm(x, delta, weight, eps)``: ``(x + delta, rms_norm(x + delta))`` in one launch.
 
 Inside the op (so torch.compile and CUDA graphs never bake a branch in): on CUDA, M = rows of
 ``x`` picks the kernel — M <= 32 on sm_80+: the CUDA tensor-core decode kernel (``kernels.weight_mma``,
@@ -288,3 +289,23 @@ def rope_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cach
 @rope_cache.register_fake
 def _(q, k, v, cos, sin, k_cache, v_cache, input_pos):
     return q.new_empty(q.shape, dtype=k_cache.dtype)
+
+
+@torch.library.custom_op("anyfp4::add_rms_norm", mutates_args=())
+def add_rms_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    from .kernels.rms_norm import add_rms_norm_reference, add_rms_norm_triton
+
+    if delta.shape != x.shape or delta.dtype != x.dtype or delta.device != x.device:
+        raise ValueError(f"add_rms_norm: delta {delta.dtype} {tuple(delta.shape)} must match x {x.dtype} "
+                         f"{tuple(x.shape)}")
+    if weight.shape != (x.shape[-1],) or weight.device != x.device:
+        raise ValueError(f"add_rms_norm: weight has shape {tuple(weight.shape)}, x has {x.shape[-1]} features")
+    if x.device.type == "cuda":
+        return add_rms_norm_triton(x, delta, weight, eps)
+    h, y = add_rms_norm_reference(x, delta, weight, eps)
+    return h.contiguous(), y.contiguous()
+
+
+@add_rms_norm.register_fake
+def _(x, delta, weight, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape)

@@ -18,7 +18,7 @@ from anyfp4.kernels.fp8_linear import fp8_dequant_kernel, fp8_gemv_kernel
 from anyfp4.kernels.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kernel, splitk_reduce_kernel
 from anyfp4.kernels.nvfp4_dequant import nvfp4_dequant_kernel
 from anyfp4.kernels.nvfp4_gemv import nvfp4_gemv_kernel
-from anyfp4.kernels.rms_norm import rms_norm_kernel
+from anyfp4.kernels.rms_norm import add_rms_norm_kernel, rms_norm_kernel
 from anyfp4.kernels.rope_cache import rope_cache_kernel
 from anyfp4.kernels.small_attention import small_attention_kernel
 
@@ -91,6 +91,10 @@ def support_kernels_compile(cc):
                     {"BLOCK_N": 32, "BLOCK_K": 128, "INTERPRET": False}, cc)
         compile_for(rms_norm_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "y_ptr": f"*{act}", "n_cols": "i32",
                                       "stride_x": "i32", "stride_y": "i32", "eps": "fp32"},
+                    {"BLOCK": 4096, "INTERPRET": False}, cc, num_warps=16)
+        compile_for(add_rms_norm_kernel, {"x_ptr": f"*{act}", "d_ptr": f"*{act}", "w_ptr": f"*{act}", "h_ptr": f"*{act}",
+                                          "y_ptr": f"*{act}", "n_cols": "i32", "stride_x": "i32", "stride_d": "i32",
+                                          "stride_h": "i32", "stride_y": "i32", "eps": "fp32"},
                     {"BLOCK": 4096, "INTERPRET": False}, cc, num_warps=16)
         attn_sig = {"q_ptr": f"*{act}", "k_ptr": f"*{act}", "v_ptr": f"*{act}", "mask_ptr": "*i1", "pos_ptr": "*i64",
                     "out_ptr": f"*{act}", **{n: "i32" for n in ("T", "G", "KVH", "HD")}, "scale": "fp32",

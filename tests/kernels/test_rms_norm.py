@@ -6,7 +6,7 @@ import torch
 
 import anyfp4.ops  # noqa: F401  (registers torch.ops.anyfp4)
 
-from anyfp4.kernels.rms_norm import rms_norm_reference, rms_norm_triton
+from anyfp4.kernels.rms_norm import add_rms_norm_triton, rms_norm_reference, rms_norm_triton
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -41,3 +41,25 @@ def test_the_op_checks_its_weight():
 def test_the_op_passes_opcheck_on_strided_input(device):
     x = torch.randn(2, 3, 64, device=device).transpose(0, 1)
     torch.library.opcheck(torch.ops.anyfp4.rms_norm.default, (x, torch.rand(64, device=device) + 0.5, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(3, 576), (2, 5, 256), (4, 100)])
+def test_add_rms_norm_matches_reference(device, dtype, shape):
+    g = torch.Generator().manual_seed(hash((shape, str(dtype), "add")) % 2**31)
+    x, d = ((torch.randn(shape, generator=g) * 3).to(device=device, dtype=dtype) for _ in range(2))
+    w = (torch.rand(shape[-1], generator=g) + 0.5).to(device=device, dtype=dtype)
+    out = tuple(torch.full(shape, float("nan"), dtype=dtype, device=device) for _ in range(2))
+    h, y = add_rms_norm_triton(x, d, w, 1e-5, out=out)
+    assert h.data_ptr() == out[0].data_ptr() and y.data_ptr() == out[1].data_ptr()
+    assert torch.equal(h, x + d)  # the residual stream is rounded exactly as torch's add rounds it
+    torch.testing.assert_close(y.float(), rms_norm_reference(x + d, w, 1e-5).float(), rtol=TOL[dtype],
+                               atol=TOL[dtype])
+
+
+def test_add_rms_norm_op_checks_and_opcheck(device):
+    x = torch.randn(2, 3, 64, device=device).transpose(0, 1)
+    torch.library.opcheck(torch.ops.anyfp4.add_rms_norm.default, (x, torch.randn_like(x), torch.rand(64, device=device),
+                                                                  1e-5))
+    with pytest.raises(ValueError, match="delta"):
+        torch.ops.anyfp4.add_rms_norm(torch.zeros(2, 8), torch.zeros(2, 7), torch.ones(8), 1e-5)

@@ -46,6 +46,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.anyfp4.rms_norm(x, self.weight, self.eps)
 
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, norm(x + delta)): a residual add and the norm after it, one launch on CUDA."""
+        return torch.ops.anyfp4.add_rms_norm(x, delta, self.weight, self.eps)
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
@@ -107,9 +111,16 @@ class Block(nn.Module):
         super().__init__()
         self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
 
-    def forward(self, x, cos, sin, mask, input_pos):
-        h = x + self.attn(self.input_norm(x), cos, sin, mask, input_pos)
-        return h + self.mlp(self.post_norm(h))
+    def forward(self, x, delta, cos, sin, mask, input_pos):
+        """x: the residual stream; delta: the previous block's MLP output not yet added to it (None before
+        the first block) — each residual add is fused into the norm that follows it. Returns the
+        residual stream and this block's MLP output, still to be added."""
+        if delta is None:
+            n = self.input_norm(x)
+        else:
+            x, n = self.input_norm.add_and_norm(x, delta)
+        x, n = self.post_norm.add_and_norm(x, self.attn(n, cos, sin, mask, input_pos))
+        return x, self.mlp(n)
 
 
 class Transformer(nn.Module):
@@ -161,6 +172,8 @@ class Transformer(nn.Module):
         mask = torch.arange(self.max_seq, device=tokens.device)[None, :] <= input_pos[:, None]  # (t, S)
         if key_valid is not None:
             mask = mask[None, None] & key_valid[:, None, None, :]  # (b, 1, t, S)
+        delta = None
         for blk in self.blocks:
-            x = blk(x, cos, sin, mask, input_pos)
-        return self.lm_head(self.norm(x)).float()
+            x, delta = blk(x, delta, cos, sin, mask, input_pos)
+        n = self.norm(x) if delta is None else self.norm.add_and_norm(x, delta)[1]
+        return self.lm_head(n).float()
