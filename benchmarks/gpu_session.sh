@@ -18,3 +18,11 @@ timeout 120 python3 benchmarks/fp8_linear.py --ms 1 2 4 8 16 32 1024 4096 --out 
 timeout 200 python3 -m anyfp4 bench --random-weights llama-3.1-8b --format nvfp4 --compare bf16 --compile \
     --prompt-len 128 --gen-len 64 --json > "$OUT/bench_llama8b_nvfp4_compile.json" 2> "$OUT/bench_compile.err"
 tail -2 "$OUT/bench_compile.err"
+timeout 120 python3 benchmarks/speculative_runner.py --out "$OUT/speculative.json" > "$OUT/speculative.log" 2>&1
+tail -4 "$OUT/speculative.log"
+if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+    timeout 120 python3 -m anyfp4 bench --random-weights llama-3.1-8b --format nvfp4 --tp 2 --json \
+        > "$OUT/bench_tp2.json" 2> "$OUT/bench_tp2.err"
+    timeout 200 python3 benchmarks/tp_runner.py --out "$OUT/tp_agreement.json" > "$OUT/tp_runner.log" 2>&1
+    tail -3 "$OUT/tp_runner.log"
+fi
