@@ -114,8 +114,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _start_speculation(session, args: argparse.Namespace) -> None:
     """Replies of ``session`` decode speculatively: ``--speculate ngram`` or a draft checkpoint."""
-    if not 1 <= args.draft_tokens <= 16:
-        raise SystemExit("--draft-tokens must be between 1 and 16")
+    from .runtime.generate import MAX_DRAFT_TOKENS
+
+    if not 1 <= args.draft_tokens <= MAX_DRAFT_TOKENS:
+        raise SystemExit(f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}")
     session.draft_tokens = args.draft_tokens
     if args.speculate != "ngram":
         from .runtime.loader import load_model

@@ -10,7 +10,8 @@
 - ``small_attention(q, k_cache, v_cache, mask, input_pos)``: grouped-query attention of t <= 32 new
   positions over the static KV cache (``kernels.small_attention``), (b, t, h, hd) out; CUDA only.
 - ``rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos)``: rotary embedding of q and k, k and v
-  written into the caches at ``input_pos`` (``kernels.rope_cache``), rotated q out; CUDA only.
+  written into the caches at ``input_pos`` (``kernels.rope_cache`` on CUDA, its pure-torch definition on
+  the CPU), rotated q out.
 - ``rms_norm(x, weight, eps)``: RMSNorm over the last dimension (``kernels.rms_norm``: one Triton
   program per row on CUDA, rows independent of each other; the pure-torch definition on the CPU);
   ``add_rms_norm(x, delta, weight, eps)``: ``(x + delta, rms_norm(x + delta))`` in one launch.
@@ -278,12 +279,15 @@ def _(q, k_cache, v_cache, mask, input_pos):
 def rope_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                input_pos: Tensor) -> Tensor:
     from .kernels.rope_cache import rope_cache as run
+    from .kernels.rope_cache import rope_cache_reference
 
     if cos.dtype != torch.float32 or sin.dtype != torch.float32:
         raise TypeError("rope_cache: cos and sin must be float32")
     if k.shape[-1] != q.shape[-1] or k_cache.shape[1] != k.shape[2] or k_cache.shape[-1] != q.shape[-1]:
         raise ValueError(f"rope_cache: q {tuple(q.shape)}, k {tuple(k.shape)} and cache {tuple(k_cache.shape)} disagree")
-    return run(q, k, v, cos, sin, k_cache, v_cache, input_pos)
+    if q.device.type == "cuda":
+        return run(q, k, v, cos, sin, k_cache, v_cache, input_pos)
+    return rope_cache_reference(q, k, v, cos, sin, k_cache, v_cache, input_pos)
 
 
 @rope_cache.register_fake

@@ -59,12 +59,16 @@ def rms_norm_kernel(x_ptr, w_ptr, y_ptr, n_cols, stride_x, stride_y, eps,
              mask=inside)
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x (..., n) as (rows, n) with a contiguous last dimension (a copy only when needed)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., n) fp16/bf16/fp32, weight (n,) -> (..., n) in x's dtype (into ``out`` if given)."""
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)
     y = out.view(-1, n) if out is not None else torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         block = triton.next_power_of_2(n)
@@ -77,8 +81,7 @@ def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
                         out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, rms_norm(x + delta)) for x, delta (..., n) of one dtype; into ``out`` if given."""
     n = x.shape[-1]
-    x2, d2 = (t.reshape(-1, n) if t.reshape(-1, n).stride(-1) == 1 else t.reshape(-1, n).contiguous()
-              for t in (x, delta))
+    x2, d2 = _rows(x), _rows(delta)
     if out is not None:
         h, y = out[0].view(-1, n), out[1].view(-1, n)
     else:

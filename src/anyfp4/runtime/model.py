@@ -13,13 +13,14 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
+from ..kernels.rope_cache import rope_cache_reference
 from .config import ModelArgs, rope_inv_freq
 
 
 # Prefill attention backends whose forward gives the same bits run after run. cuDNN's is left out: on the H200
 # greedy text over 256+ cached tokens changed from run to run with it allowed (benchmarks/NOTES.md).
 DETERMINISTIC_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-SMALL_Q = 32  # decode and verify steps: grouped-query attention as two batched matmuls over the cache
+SMALL_Q = 32  # decode and verify steps: attention over the cache by small_attention (CUDA) / attend_small (CPU)
 
 
 def attend_small(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -51,11 +52,6 @@ class RMSNorm(nn.Module):
         return torch.ops.anyfp4.add_rms_norm(x, delta, self.weight, self.eps)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, qkv: nn.Module, o_proj: nn.Module,
                  q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
@@ -82,17 +78,11 @@ class Attention(nn.Module):
         v = v.view(b, t, a.num_kv_heads, a.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        # One launch on CUDA: rotary embedding of q and k, k and v into the caches. Under torch.compile the
-        # torch ops below are fused by the compiler instead (and the caches stay plain in-place updates).
-        if q.is_cuda and not torch.compiler.is_compiling():
-            q = torch.ops.anyfp4.rope_cache(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache,
-                                            input_pos).transpose(1, 2)  # (b, heads, t, hd)
-        else:
-            q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (b, heads, t, hd)
-            q = (q * cos + rotate_half(q) * sin).to(v.dtype)
-            k = (k * cos + rotate_half(k) * sin).to(v.dtype)
-            self.k_cache.index_copy_(2, input_pos, k)
-            self.v_cache.index_copy_(2, input_pos, v)
+        # Rotary embedding of q and k, k and v into the caches: one launch on CUDA. Under torch.compile its
+        # pure-torch definition is traced instead (fused by the compiler; the caches stay plain in-place
+        # updates, with no functionalized copies of them).
+        rope = rope_cache_reference if torch.compiler.is_compiling() else torch.ops.anyfp4.rope_cache
+        q = rope(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos).transpose(1, 2)  # (b, h, t, hd)
         if t <= SMALL_Q and q.is_cuda:  # rows independent of t: decode and verify steps give the same bits
             y = torch.ops.anyfp4.small_attention(q, self.k_cache, self.v_cache, mask, input_pos)
             return self.o_proj(y.reshape(b, t, a.num_heads * a.head_dim))
