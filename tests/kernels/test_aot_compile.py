@@ -20,7 +20,7 @@ from anyfp4.kernels.nvfp4_dequant import nvfp4_dequant_kernel
 from anyfp4.kernels.nvfp4_gemv import nvfp4_gemv_kernel
 from anyfp4.kernels.rms_norm import add_rms_norm_kernel, rms_norm_kernel
 from anyfp4.kernels.rope_cache import rope_cache_kernel
-from anyfp4.kernels.small_attention import small_attention_kernel
+from anyfp4.kernels.small_attention import small_attention_kernel, small_attention_merge_kernel
 
 ARCHS = [70, 75, 80, 86, 89, 90]
 
@@ -97,11 +97,14 @@ def support_kernels_compile(cc):
                                           "stride_h": "i32", "stride_y": "i32", "eps": "fp32"},
                     {"BLOCK": 4096, "INTERPRET": False}, cc, num_warps=16)
         attn_sig = {"q_ptr": f"*{act}", "k_ptr": f"*{act}", "v_ptr": f"*{act}", "mask_ptr": "*i1", "pos_ptr": "*i64",
-                    "out_ptr": f"*{act}", **{n: "i32" for n in ("T", "G", "KVH", "HD")}, "scale": "fp32",
-                    **{n: "i32" for n in ("sq_b", "sq_h", "sq_t", "sk_b", "sk_h", "sk_s", "sv_b", "sv_h", "sv_s",
-                                          "sm_b", "sm_t", "so_b", "so_t", "so_h")}}
+                    "part_ptr": "*fp32", "stat_ptr": "*fp32", **{n: "i32" for n in ("T", "G", "KVH", "HD", "SEG")},
+                    "scale": "fp32", **{n: "i32" for n in ("sq_b", "sq_h", "sq_t", "sk_b", "sk_h", "sk_s", "sv_b",
+                                                          "sv_h", "sv_s", "sm_b", "sm_t")}}
+        merge_sig = {"part_ptr": "*fp32", "stat_ptr": "*fp32", "pos_ptr": "*i64", "out_ptr": f"*{act}",
+                     **{n: "i32" for n in ("T", "G", "KVH", "HD", "SEG", "NSEG", "so_b", "so_t", "so_h")}}
         for block_d in (64, 128):
             compile_for(small_attention_kernel, attn_sig, {"BLOCK_D": block_d, "INTERPRET": False}, cc)
+            compile_for(small_attention_merge_kernel, merge_sig, {"BLOCK_D": block_d}, cc)
         rope_sig = {**{n: f"*{act}" for n in ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "kc_ptr", "vc_ptr")},
                     "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64",
                     **{n: "i32" for n in ("T", "H", "HALF", "sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b",

@@ -56,3 +56,15 @@ def test_the_op_refuses_a_non_bool_mask(device):
     q, k, v, mask, pos = case(device, torch.float16, 1, 1, 1, 1, 32, 0, 16, seed=1)
     with pytest.raises(TypeError, match="mask must be bool"):
         torch.ops.anyfp4.small_attention(q, k, v, mask.int(), pos)
+
+
+def test_a_cache_past_4096_slots_uses_wider_segments(device):
+    """5000 slots: segments of 128 keys (40 of them); rows still match the reference and a one-row call."""
+    from anyfp4.kernels.small_attention import segment_keys
+
+    assert segment_keys(4096) == 64 and segment_keys(5000) == 128
+    q, k, v, mask, pos = case(device, torch.float16, 1, 1, 2, 3, 16, 4700, 5000, seed=5)
+    y = small_attention(q, k, v, mask, pos)
+    torch.testing.assert_close(y.float(), small_attention_reference(q, k, v, mask), rtol=2e-2, atol=2e-2)
+    one = small_attention(q[:, :, 1:2], k, v, mask[1:2], pos[1:2])
+    assert torch.equal(one[:, 0], y[:, 1])

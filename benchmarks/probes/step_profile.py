@@ -1,0 +1,81 @@
+"""Where one decode step's time goes: CUDA kernel time by kernel name, for one eager decode step of a
+random-weight model (torch.profiler), next to the step's CUDA-graph replay time.
+
+    python benchmarks/probes/step_profile.py --arch llama-3.1-8b --formats nvfp4 bf16 --out step_profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import torch
+
+from anyfp4.runtime.generate import cache_slots, decode_step
+from anyfp4.runtime.random_model import random_model
+
+
+def kernel_table(model, tok, pos, reps: int = 5) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            model(tok, pos)
+        torch.cuda.synchronize()
+    by_name = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by_name[e.name][0] += e.device_time_total / reps
+            by_name[e.name][1] += 1
+    rows = [{"kernel": k[:120], "us_per_step": v[0], "launches_per_step": v[1] / reps} for k, v in by_name.items()]
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+def graph_ms(model, tok, pos, reps: int = 50) -> float:
+    step = decode_step(model)
+    for _ in range(3):
+        step(tok, pos)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        step(tok, pos)
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) / reps
+
+
+@torch.no_grad()
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--arch", default="llama-3.1-8b")
+    p.add_argument("--formats", nargs="+", default=["nvfp4", "bf16"])
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--out", default="step_profile.json")
+    a = p.parse_args()
+    dev = torch.device("cuda")
+    report = {"gpu": torch.cuda.get_device_name(), "arch": a.arch, "context": a.context, "formats": {}}
+    for fmt in a.formats:
+        model = random_model(a.arch, fmt, dev, torch.bfloat16, progress=False)
+        model.setup_caches(1, cache_slots(a.context, 64, model.args.max_position_embeddings))
+        tok = torch.zeros(1, 1, dtype=torch.long, device=dev)
+        pos = torch.tensor([a.context], device=dev)
+        model(tok, pos)
+        rows = kernel_table(model, tok, pos)
+        total = sum(r["us_per_step"] for r in rows)
+        g = graph_ms(model, tok, pos)
+        report["formats"][fmt] = {"graph_ms_per_step": g, "kernel_us_per_step": total,
+                                  "launches_per_step": sum(r["launches_per_step"] for r in rows), "kernels": rows}
+        print(f"== {fmt}: graph replay {g:.3f} ms/step; kernels {total / 1e3:.3f} ms in "
+              f"{report['formats'][fmt]['launches_per_step']:.0f} launches")
+        for r in rows[:14]:
+            print(f"  {r['us_per_step']:8.1f} us  x{r['launches_per_step']:5.0f}  {r['kernel'][:90]}")
+        del model
+        torch.cuda.empty_cache()
+    with open(a.out, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
