@@ -165,3 +165,45 @@ def test_fp8_cuda_paths(dtype):
         y = torch.ops.anyfp4.fp8_linear(x, p.codes, p.scales, None, 4120, 1552)
         ref = x.float() @ dequantize_fp8(w).t()
         assert ((y.float() - ref).norm() / ref.norm()).item() < 8e-3
+
+
+def test_partial_ops_are_the_unrounded_reference_cpu():
+    """nvfp4_linear_partial / fp8_linear_partial: the float32 product before it is rounded to x's dtype."""
+    from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
+    from anyfp4.kernels.fp8_linear import prepack_fp8
+
+    w = random_weight(48, 64, 21)
+    p = prepack_nvfp4(w)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    y = torch.ops.anyfp4.nvfp4_linear_partial(x, p.codes, p.scales, p.global_scale, 48, 64)
+    assert y.dtype == torch.float32 and torch.equal(y, reference(x, w))
+    assert torch.equal(y.to(torch.bfloat16), torch.ops.anyfp4.nvfp4_linear(x, *args(p)))
+    torch.library.opcheck(torch.ops.anyfp4.nvfp4_linear_partial, (x, p.codes, p.scales, p.global_scale, 48, 64))
+    f = quantize_fp8(torch.randn(48, 64), per_channel=True)
+    pf = prepack_fp8(f)
+    yf = torch.ops.anyfp4.fp8_linear_partial(x, pf.codes, pf.scales, 48, 64)
+    assert yf.dtype == torch.float32 and torch.equal(yf, x.float() @ dequantize_fp8(f).t())
+    torch.library.opcheck(torch.ops.anyfp4.fp8_linear_partial, (x, pf.codes, pf.scales, 48, 64))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_partial_ops_cuda(dtype):
+    """On a GPU: float32 out for decode and prefill sizes; at M <= 32 rounding it gives the plain op's bits."""
+    from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
+    from anyfp4.kernels.fp8_linear import prepack_fp8
+
+    w = random_weight(4120, 1552, 22, "cuda")
+    p = prepack_nvfp4(w)
+    f = quantize_fp8(torch.randn(4120, 1552, device="cuda"))
+    pf = prepack_fp8(f)
+    for m in (1, 8, 32, 33, 512):
+        x = torch.randn(m, 1552, device="cuda", dtype=dtype)
+        y = torch.ops.anyfp4.nvfp4_linear_partial(x, p.codes, p.scales, p.global_scale, 4120, 1552)
+        yf = torch.ops.anyfp4.fp8_linear_partial(x, pf.codes, pf.scales, 4120, 1552)
+        assert y.dtype == yf.dtype == torch.float32
+        for got, ref in ((y, reference(x, w)), (yf, x.float() @ dequantize_fp8(f).t())):
+            assert ((got - ref).norm() / ref.norm()).item() < 8e-3, m
+        if m <= 32:
+            assert torch.equal(y.to(dtype), torch.ops.anyfp4.nvfp4_linear(x, *args(p)))
+            assert torch.equal(yf.to(dtype), torch.ops.anyfp4.fp8_linear(x, pf.codes, pf.scales, None, 4120, 1552))

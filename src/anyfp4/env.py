@@ -50,6 +50,19 @@ def kernel_choice() -> str:
     return value
 
 
+TP_ALLREDUCE_CHOICES = ("auto", "peer", "nccl")
+
+
+def tp_allreduce() -> str:
+    """``ANYFP4_TP_ALLREDUCE``: how tensor-parallel ranks on GPUs sum the row-parallel outputs of decode steps.
+    ``auto`` (default): through peer memory (PyTorch symmetric memory) where it works, NCCL otherwise;
+    ``peer``: peer memory or an error; ``nccl``: always NCCL. Prefill-sized sums always use NCCL."""
+    value = os.environ.get("ANYFP4_TP_ALLREDUCE", "auto").strip().lower()
+    if value not in TP_ALLREDUCE_CHOICES:
+        raise ValueError(f"ANYFP4_TP_ALLREDUCE must be one of {', '.join(TP_ALLREDUCE_CHOICES)}, got {value!r}")
+    return value
+
+
 def vllm_auto() -> bool:
     """``ANYFP4_VLLM_AUTO=1``: the vLLM plugin claims supported checkpoints without ``quantization="anyfp4"``
     when the GPU has no native kernels for their format (NVFP4 below sm_100, FP8 below sm_89) or vLLM

@@ -37,6 +37,11 @@ class NVFP4Linear(nn.Module):
         return torch.ops.anyfp4.nvfp4_linear(x, self.codes, self.scales, self.global_scale, bias,
                                              self.out_features, self.in_features)
 
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W^T`` in float32, unrounded, no bias: a row-parallel rank's share of the sum."""
+        return torch.ops.anyfp4.nvfp4_linear_partial(x, self.codes, self.scales, self.global_scale,
+                                                     self.out_features, self.in_features)
+
 
 class FP8Linear(nn.Module):
     """Per-channel scales (a per-tensor scale is broadcast): fused projections concatenate exactly."""
@@ -55,6 +60,10 @@ class FP8Linear(nn.Module):
                                               self.in_features)
         bias = self.bias.to(x.dtype) if self.bias is not None else None
         return torch.ops.anyfp4.fp8_linear(x, self.codes, self.scales, bias, self.out_features, self.in_features)
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W^T`` in float32, unrounded, no bias: a row-parallel rank's share of the sum."""
+        return torch.ops.anyfp4.fp8_linear_partial(x, self.codes, self.scales, self.out_features, self.in_features)
 
 
 SMALL_ROWS = 32
@@ -78,6 +87,13 @@ class DenseLinear(nn.Module):
             padded = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, SMALL_ROWS - rows))
             return F.linear(padded, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)
         return F.linear(x, self.weight, self.bias)
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W^T`` in float32, no bias (on a GPU cuBLAS writes its float32 sums unrounded)."""
+        if not x.is_cuda:
+            return F.linear(x, self.weight).float()
+        x2 = x.reshape(-1, x.shape[-1])
+        return torch.mm(x2, self.weight.t(), out_dtype=torch.float32).reshape(*x.shape[:-1], -1)
 
 
 def _cat_bias(biases: list, sizes: list[int], like: torch.Tensor | None) -> torch.Tensor | None:

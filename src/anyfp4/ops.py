@@ -7,6 +7,9 @@
 - ``fp8_linear(x, codes, scales, bias, out_features, in_features)`` and
   ``fp8_gated(x, codes, scales, up_offset, out_features, in_features)``: the same for an FP8
   prepack (``kernels.fp8_linear``): M = 1 runs an FP8 GEMV kernel, larger M dequantizes + cuBLAS.
+- ``nvfp4_linear_partial(x, codes, scales, global_scale, out_features, in_features)`` and
+  ``fp8_linear_partial(x, codes, scales, out_features, in_features)``: ``x @ W^T`` in float32, not
+  rounded — a row-parallel rank's share of a sum that tensor parallelism adds up before rounding once.
 - ``small_attention(q, k_cache, v_cache, mask, input_pos)``: grouped-query attention of t <= 32 new
   positions over the static KV cache (``kernels.small_attention``), (b, t, h, hd) out; CUDA only.
 - ``rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos)``: rotary embedding of q and k, k and v
@@ -83,7 +86,7 @@ def _check(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_f
         raise ValueError(f"{name}: global_scale must be one float32 value")
 
 
-def _reference(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
+def _reference(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], out_dtype: Optional[torch.dtype] = None) -> Tensor:
     """The CPU implementation: dequantize with formats/ and multiply in float32."""
     x2 = x.reshape(-1, w.in_features).float()
     if w.gated:
@@ -93,10 +96,10 @@ def _reference(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
         y = x2 @ dequantize_nvfp4(unprepack_nvfp4(w)).t()
         if bias is not None:
             y = y + bias.float()
-    return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
+    return y.to(out_dtype or x.dtype).reshape(*x.shape[:-1], w.out_features)
 
 
-def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
+def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], out_dtype: Optional[torch.dtype] = None) -> Tensor:
     from .env import act_pack_mode
     from .kernels.nvfp4_decode import MAX_DECODE_M, nvfp4_decode_gemm
     from .kernels.nvfp4_dequant import nvfp4_prefill_gemm
@@ -110,13 +113,15 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
         x2 = x2.contiguous()
     m = x2.shape[0]
     if m == 0:
-        return x.new_empty(*x.shape[:-1], w.out_features)
+        return x.new_empty(*x.shape[:-1], w.out_features, dtype=out_dtype or x.dtype)
     bias = bias if not w.gated else None
     sm, sms = device_arch(x.device.index)
     k_pad = w.codes.shape[1] * 8
     if m <= MAX_MMA_M and weight_mma.enabled(sm):
         config = mma_config(sm, sms, "nvfp4", w.gated, w.out_features, w.in_features, k_pad, m)
-        y = weight_mma.nvfp4_mma_gemm(x2, w, bias, config)
+        y = weight_mma.nvfp4_mma_gemm(x2, w, bias, config, out_dtype=out_dtype)
+    elif m > MAX_DECODE_M:
+        y = nvfp4_prefill_gemm(x2, w, bias, out_dtype)
     elif m == 1:
         y = nvfp4_gemv(x2, w, bias, gemv_heuristic_config(w.out_features, k_pad, sms))
     elif m <= MAX_DECODE_M:
@@ -124,8 +129,8 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor]) -> Tensor:
         pack = mode == "1" or (mode == "auto" and act_pack_auto(sm, m))
         config = decode_config(sm, sms, w.out_features, w.in_features, w.codes.shape[1] * 8, m)
         y = nvfp4_decode_gemm(x2, w, bias, config, act_pack=pack)
-    else:
-        y = nvfp4_prefill_gemm(x2, w, bias)
+    if out_dtype is not None and y.dtype != out_dtype:
+        y = y.to(out_dtype)  # the Triton decode kernels (sm_70/75) round to x's dtype first
     return y.reshape(*x.shape[:-1], w.out_features)
 
 
@@ -158,6 +163,21 @@ def _(x, codes, scales, global_scale, up_offset, out_features, in_features):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
+@torch.library.custom_op("anyfp4::nvfp4_linear_partial", mutates_args=())
+def nvfp4_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_features: int,
+                         in_features: int) -> Tensor:
+    """``x @ W^T`` in float32, not rounded to x's dtype: a row-parallel rank's share of a sum that the ranks
+    add before rounding once (on sm_80+ and in prefill; the sm_70/75 decode kernels round first)."""
+    _check(x, codes, scales, global_scale, out_features, in_features, 0, "nvfp4_linear_partial")
+    w = _as_prepacked(codes, scales, global_scale, 0, out_features, in_features)
+    return _cuda(x, w, None, torch.float32) if x.is_cuda else _reference(x, w, None, torch.float32)
+
+
+@nvfp4_linear_partial.register_fake
+def _(x, codes, scales, global_scale, out_features, in_features):
+    return x.new_empty(*x.shape[:-1], out_features, dtype=torch.float32)
+
+
 def linear(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor] = None) -> Tensor:
     """Convenience: call the right op for a prepack."""
     if w.gated:
@@ -177,7 +197,7 @@ def _check_fp8(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_f
         raise ValueError(f"{name}: scales must be float32 ({codes.shape[0]},), got {scales.dtype} {tuple(scales.shape)}")
 
 
-def _fp8_run(x: Tensor, w, bias: Optional[Tensor]) -> Tensor:
+def _fp8_run(x: Tensor, w, bias: Optional[Tensor], out_dtype: Optional[torch.dtype] = None) -> Tensor:
     from .formats.fp8 import dequantize_fp8
     from .kernels.fp8_linear import fp8_gemv, fp8_matmul, unprepack_fp8
 
@@ -191,12 +211,16 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor]) -> Tensor:
         bias = bias if not w.gated else None
         sm, sms = device_arch(x.device.index)
         if m == 0:
-            y = x2.new_empty(0, w.out_features)
+            y = x2.new_empty(0, w.out_features, dtype=out_dtype or x.dtype)
         elif m <= weight_mma.MAX_MMA_M and weight_mma.enabled(sm):
             config = mma_config(sm, sms, "fp8", w.gated, w.out_features, w.in_features, w.codes.shape[1] * 4, m)
-            y = weight_mma.fp8_mma_gemm(x2, w, bias, config)
+            y = weight_mma.fp8_mma_gemm(x2, w, bias, config, out_dtype=out_dtype)
+        elif m == 1:
+            y = fp8_gemv(x2, w, bias)
         else:
-            y = fp8_gemv(x2, w, bias) if m == 1 else fp8_matmul(x2, w, bias)
+            y = fp8_matmul(x2, w, bias, out_dtype)
+        if out_dtype is not None and y.dtype != out_dtype:
+            y = y.to(out_dtype)  # the Triton GEMV (sm_70/75) rounds to x's dtype first
         return y.reshape(*x.shape[:-1], w.out_features)
     xf = x2.float()
     if w.gated:
@@ -206,7 +230,7 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor]) -> Tensor:
         y = xf @ dequantize_fp8(unprepack_fp8(w)).t()
         if bias is not None:
             y = y + bias.float()
-    return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
+    return y.to(out_dtype or x.dtype).reshape(*x.shape[:-1], w.out_features)
 
 
 @torch.library.custom_op("anyfp4::fp8_linear", mutates_args=())
@@ -222,6 +246,20 @@ def fp8_linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Optional[Tensor],
 @fp8_linear.register_fake
 def _(x, codes, scales, bias, out_features, in_features):
     return x.new_empty(*x.shape[:-1], out_features)
+
+
+@torch.library.custom_op("anyfp4::fp8_linear_partial", mutates_args=())
+def fp8_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_features: int) -> Tensor:
+    """``x @ W^T`` in float32, not rounded (see ``nvfp4_linear_partial``)."""
+    from .kernels.fp8_linear import FP8Prepacked
+
+    _check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear_partial")
+    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features), None, torch.float32)
+
+
+@fp8_linear_partial.register_fake
+def _(x, codes, scales, out_features, in_features):
+    return x.new_empty(*x.shape[:-1], out_features, dtype=torch.float32)
 
 
 @torch.library.custom_op("anyfp4::fp8_gated", mutates_args=())

@@ -107,9 +107,10 @@ VARIANTS = [  # (FP8, NT, MT, WARPS, DEPTH, BF16, GATED, HAS_BIAS): every value 
 @pytest.mark.parametrize("sm", [80, 86, 89, 90])
 def test_every_variant_compiles(sm):
     src = weight_mma._source()
-    for fp8, nt, mt, warps, depth, bf16, gated, bias in VARIANTS:
+    for i, (fp8, nt, mt, warps, depth, bf16, gated, bias) in enumerate(VARIANTS):
         cubin = nvrtc.compile_cubin(src, weight_mma.KERNEL, sm, dict(FP8=fp8, NT=nt, MT=mt, WARPS=warps, DEPTH=depth,
-                                                                     BF16=bf16, GATED=gated, HAS_BIAS=bias))
+                                                                     BF16=bf16, GATED=gated, HAS_BIAS=bias,
+                                                                     OUT_F32=i % 2))
         assert cubin[:4] == b"\x7fELF"
 
 
@@ -147,6 +148,9 @@ def check_kernel(kernel, p, pg, wd, gd, ud, bias, ms, gen):
         assert not torch.isnan(y).any(), (m, cfg)
         assert rel_err(y, x.double() @ wd.t() + bias.double()) < tol, (m, cfg)
         assert torch.equal(y, kernel(x, p, bias, cfg)), "not deterministic"
+        out32 = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+        y32 = kernel(x, p, bias, cfg, out=out32, out_dtype=torch.float32)
+        assert not torch.isnan(y32).any() and torch.equal(y32.to(dtype), y), "float32 output is not the unrounded sum"
         yg = kernel(x, pg, None, MMAConfig(1, cfg.warps, cfg.split_k, min(cfg.depth, 4)))
         gref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
         assert rel_err(yg, gref) < 2 * tol, (m, cfg)

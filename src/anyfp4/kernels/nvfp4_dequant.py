@@ -81,12 +81,18 @@ def nvfp4_dequantize(w: NVFP4Prepacked, dtype: torch.dtype, out: torch.Tensor | 
     return out
 
 
-def nvfp4_prefill_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None) -> torch.Tensor:
+def nvfp4_prefill_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None,
+                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Dequantize into the shared workspace, then ``torch.matmul`` (cuBLAS); gated prepacks fuse
-    ``silu(gate) * up`` after the two products."""
+    ``silu(gate) * up`` after the two products. ``out_dtype=float32`` (plain prepacks, no bias): cuBLAS
+    writes its float32 sums unrounded."""
     n, k = w.out_features, w.in_features
     dense = workspace(n * k, x.dtype, x.device).view(n, k)
     nvfp4_dequantize(w, x.dtype, dense)
+    if out_dtype is not None and out_dtype != x.dtype:
+        if w.gated or bias is not None:
+            raise ValueError("a float32 prefill output is for plain prepacks without bias")
+        return torch.mm(x, dense.t(), out_dtype=out_dtype)
     y = torch.matmul(x, dense.t())
     if not w.gated:
         return y + bias if bias is not None else y

@@ -102,9 +102,9 @@ def enabled(sm: int) -> bool:
 
 def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None, gscale: torch.Tensor,
             bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
-            out: torch.Tensor | None) -> torch.Tensor:
+            out: torch.Tensor | None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``block_scales``: NVFP4's E4M3 bytes (None for FP8); ``gscale``: NVFP4's one global scale, FP8's
-    per-row scales."""
+    per-row scales; ``out_dtype``: x's dtype (default) or float32 (the sums unrounded)."""
     m, k = x.shape
     if not 1 <= m <= MAX_MMA_M:
         raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {MAX_MMA_M}, got {m}")
@@ -119,13 +119,16 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
         raise ValueError(f"row tile {block_rows} overruns the prepack's {up_offset or rows_total} rows")
     if bias is not None and (bias.dtype != x.dtype or bias.stride(0) != 1):
         raise ValueError("bias must be contiguous with x's dtype")
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in (x.dtype, torch.float32):
+        raise ValueError(f"output dtype must be {x.dtype} or float32, got {out_dtype}")
     kc = stage_k(m)
-    defines = dict(FP8=int(fmt == "fp8"), NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth,
+    defines = dict(OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"), NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth,
                    BF16=int(x.dtype == torch.bfloat16), GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None))
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = nvrtc.load(_source(), KERNEL, defines, device)
     if out is None:
-        out = torch.empty(m, n_rows, dtype=x.dtype, device=x.device)
+        out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
     if c.split_k > 1:
         if grid_x > COUNTER_SLOTS:
             raise ValueError(f"{grid_x} row tiles exceed the {COUNTER_SLOTS} split-K counters")
@@ -143,12 +146,13 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
 
 
 def nvfp4_mma_gemm(x: torch.Tensor, w, bias: torch.Tensor | None, config: MMAConfig,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """NVFP4 prepack: x (M, K), M <= 32 -> (M, N); a gated prepack gives silu(gate) * up."""
-    return _launch("nvfp4", x, w.codes, w.scales, w.global_scale, bias, w.out_features, w.up_offset, config, out)
+    return _launch("nvfp4", x, w.codes, w.scales, w.global_scale, bias, w.out_features, w.up_offset, config, out,
+                   out_dtype)
 
 
 def fp8_mma_gemm(x: torch.Tensor, w, bias: torch.Tensor | None, config: MMAConfig,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """FP8 prepack: x (M, K), M <= 32 -> (M, N); a gated prepack gives silu(gate) * up."""
-    return _launch("fp8", x, w.codes, None, w.scales, bias, w.out_features, w.up_offset, config, out)
+    return _launch("fp8", x, w.codes, None, w.scales, bias, w.out_features, w.up_offset, config, out, out_dtype)

@@ -14,21 +14,34 @@ import torch
 import torch.distributed as dist
 
 from .bench import bench_model
-from .parallel import init_process_group, load_model_tp, rank_args, run_rank
+from .parallel import all_reduce_sum, init_process_group, load_model_tp, rank_args, run_rank
 
 
-def _allreduce_seconds(x: torch.Tensor, reps: int = 50) -> float:
-    for _ in range(5):
-        dist.all_reduce(x)
-    if x.is_cuda:
-        torch.cuda.synchronize(x.device)
+def _allreduce_seconds(x: torch.Tensor, peer, reps: int = 64) -> float:
+    """One all-reduce of ``x`` as the model sums its row-parallel outputs; on GPUs timed inside a CUDA graph
+    of ``reps`` of them (as a decode step replays them), eager on the CPU."""
+    reduce = lambda: all_reduce_sum(x, peer)  # noqa: E731
+    for _ in range(3):
+        reduce()
+    if not x.is_cuda:
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            reduce()
+        return (time.perf_counter() - t0) / reps
+    torch.cuda.synchronize(x.device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for _ in range(reps):
+            reduce()
+    graph.replay()
+    torch.cuda.synchronize(x.device)
     dist.barrier()
     t0 = time.perf_counter()
-    for _ in range(reps):
-        dist.all_reduce(x)
-    if x.is_cuda:
-        torch.cuda.synchronize(x.device)
-    return (time.perf_counter() - t0) / reps
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize(x.device)
+    return (time.perf_counter() - t0) / (10 * reps)
 
 
 def bench_worker(rank: int, tp: int, spec: str, device_type: str, dtype_name: str, prompt_len: int, gen_len: int,
@@ -46,7 +59,9 @@ def bench_worker(rank: int, tp: int, spec: str, device_type: str, dtype_name: st
         else:
             model = load_model_tp(spec, device, dtype, rank, tp)
         r = bench_model(model, prompt_len, gen_len, batch)
-        per = _allreduce_seconds(torch.zeros(batch, 1, model.args.hidden_size, dtype=dtype, device=device))
+        peer = model.blocks[0].mlp.down.peer
+        per = _allreduce_seconds(torch.zeros(batch, 1, model.args.hidden_size, dtype=torch.float32, device=device),
+                                 peer)
         step = r["ms_per_step"] / 1e3
         mine = {"rank": rank, "bandwidth_GBps": r["bandwidth_GBps"], "weight_bytes_per_step": r["weight_bytes_per_step"],
                 "sha256": r["sha256"]}
@@ -54,6 +69,7 @@ def bench_worker(rank: int, tp: int, spec: str, device_type: str, dtype_name: st
         dist.all_gather_object(ranks, mine)
         if rank == 0:
             r.update(model=spec, tp=tp, ranks=ranks, allreduce_us=per * 1e6,
+                     allreduce="peer" if peer is not None else "nccl",
                      allreduce_share=2 * len(model.blocks) * per / step,
                      same_tokens_on_every_rank=len({x["sha256"] for x in ranks}) == 1)
             with open(result_file, "w") as f:

@@ -33,7 +33,7 @@
 //
 // Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16
 // tiles per warp), WARPS, DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED,
-// HAS_BIAS. The k range staged per round (kc, a multiple of 128) is a run-time argument; dynamic shared memory
+// HAS_BIAS, OUT_F32 (float32 output, not rounded: a row-parallel rank's partial product). The k range staged per round (kc, a multiple of 128) is a run-time argument; dynamic shared memory
 // holds M * (kc / 2 + 4) words. Code words are loaded DEPTH steps ahead into a ring of registers, across
 // staging rounds.
 
@@ -135,7 +135,7 @@ __device__ __forceinline__ u32 word_of(const uint4& w, int q) {
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const u16* __restrict__ x, const uint4* __restrict__ codes, const u16* __restrict__ scales,
-    const float* __restrict__ gscale, const u16* __restrict__ bias, u16* __restrict__ out,
+    const float* __restrict__ gscale, const u16* __restrict__ bias, void* __restrict__ out,
     float* __restrict__ partial, int* __restrict__ counters,
     int M, int K, int N_OUT, int up_offset, int rows_total, int stride_c4, int stride_s2, int stride_xm,
     int stride_om, int nsteps, int kc) {
@@ -346,6 +346,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #elif HAS_BIAS
                 y += act_to_float(bias[n]);
 #endif
-                out[(long long)m * stride_om + n] = float_to_out(y);
+#if OUT_F32
+                reinterpret_cast<float*>(out)[(long long)m * stride_om + n] = y;
+#else
+                reinterpret_cast<u16*>(out)[(long long)m * stride_om + n] = float_to_out(y);
+#endif
             }
 }
