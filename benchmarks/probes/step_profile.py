@@ -1,13 +1,16 @@
 """Where one decode step's time goes: CUDA kernel time by kernel name, for one eager decode step of a
-random-weight model (torch.profiler), next to the step's CUDA-graph replay time.
+random-weight model (torch.profiler), next to the step's CUDA-graph replay time. Under torchrun the model
+is split over the ranks (tensor parallelism) and rank 0 reports its own kernels.
 
     python benchmarks/probes/step_profile.py --arch llama-3.1-8b --formats nvfp4 bf16 --out step_profile.json
+    torchrun --nproc-per-node 2 benchmarks/probes/step_profile.py --formats nvfp4 --out step_profile_tp2.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections import defaultdict
 
 import torch
@@ -54,10 +57,15 @@ def main() -> None:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--out", default="step_profile.json")
     a = p.parse_args()
-    dev = torch.device("cuda")
-    report = {"gpu": torch.cuda.get_device_name(), "arch": a.arch, "context": a.context, "formats": {}}
+    rank, tp = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if tp > 1:
+        from anyfp4.runtime.parallel import init_process_group
+
+        init_process_group(rank, tp, "cuda", int(os.environ.get("MASTER_PORT", 29500)))
+    dev = torch.device("cuda", rank)
+    report = {"gpu": torch.cuda.get_device_name(), "arch": a.arch, "context": a.context, "tp": tp, "formats": {}}
     for fmt in a.formats:
-        model = random_model(a.arch, fmt, dev, torch.bfloat16, progress=False)
+        model = random_model(a.arch, fmt, dev, torch.bfloat16, progress=False, rank=rank, tp=tp)
         model.setup_caches(1, cache_slots(a.context, 64, model.args.max_position_embeddings))
         tok = torch.zeros(1, 1, dtype=torch.long, device=dev)
         pos = torch.tensor([a.context], device=dev)
@@ -67,14 +75,22 @@ def main() -> None:
         g = graph_ms(model, tok, pos)
         report["formats"][fmt] = {"graph_ms_per_step": g, "kernel_us_per_step": total,
                                   "launches_per_step": sum(r["launches_per_step"] for r in rows), "kernels": rows}
+        if rank:
+            continue
         print(f"== {fmt}: graph replay {g:.3f} ms/step; kernels {total / 1e3:.3f} ms in "
               f"{report['formats'][fmt]['launches_per_step']:.0f} launches")
         for r in rows[:14]:
             print(f"  {r['us_per_step']:8.1f} us  x{r['launches_per_step']:5.0f}  {r['kernel'][:90]}")
         del model
         torch.cuda.empty_cache()
-    with open(a.out, "w") as f:
-        json.dump(report, f, indent=1)
+    if rank == 0:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+    if tp > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        os._exit(0)  # graphs holding peer-memory kernels: leave without tearing down NCCL under them
 
 
 if __name__ == "__main__":

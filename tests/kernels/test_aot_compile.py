@@ -104,7 +104,7 @@ def support_kernels_compile(cc):
                      **{n: "i32" for n in ("T", "G", "KVH", "HD", "SEG", "NSEG", "so_b", "so_t", "so_h")}}
         for block_d in (64, 128):
             compile_for(small_attention_kernel, attn_sig, {"BLOCK_D": block_d, "INTERPRET": False}, cc)
-            compile_for(small_attention_merge_kernel, merge_sig, {"BLOCK_D": block_d}, cc)
+            compile_for(small_attention_merge_kernel, merge_sig, {"BLOCK_D": block_d, "BLOCK_S": 64}, cc)
         rope_sig = {**{n: f"*{act}" for n in ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "kc_ptr", "vc_ptr")},
                     "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64",
                     **{n: "i32" for n in ("T", "H", "HALF", "sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b",

@@ -5,8 +5,8 @@ Pass 1, one program per (sequence, KV head, block of 16 query rows, segment of k
 head are its g query heads times t positions, ordered (head, position); the program visits its segment's
 keys in chunks of 64, up to the last slot any row of the call may see, with an online softmax in
 float32, and writes the segment's running max, sum and unnormalised output. Pass 2 merges the segments
-of each row in the fixed order 0, 1, ... A chunk or a segment a row cannot see leaves that row's max,
-sum and output bit for bit unchanged, so a row's output depends only on its own query, mask and the
+of each row at once (a reduction of one shape per cache). A chunk a row cannot see leaves that row's
+max, sum and output bit for bit unchanged, a segment it cannot see adds exact zeros, so a row's output depends only on its own query, mask and the
 cache — not on how many rows share the call: a verify pass gives the bits one-token decode steps give.
 Segments are 64 keys for caches of up to 4096 slots and grow with longer caches (at most 64 segments),
 so the cache's length matters only past 4096 slots. Segments past the last visible slot do no work.
@@ -104,36 +104,32 @@ def small_attention_kernel(
 
 @triton.jit
 def small_attention_merge_kernel(
-    part_ptr, stat_ptr, pos_ptr, out_ptr, T, G, KVH, HD, SEG, NSEG, so_b, so_t, so_h, BLOCK_D: tl.constexpr,
+    part_ptr, stat_ptr, pos_ptr, out_ptr, T, G, KVH, HD, SEG, NSEG, so_b, so_t, so_h,
+    BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    """Pass 2: the segments a call may see, merged in order 0, 1, ... -> out (b, t, h, hd)."""
-    bh, rb = tl.program_id(0), tl.program_id(1)
+    """Pass 2, one program per query row: its segments merged at once — the segments no row of the call may
+    see load as (max -1e30, sum 0, output 0), so the reduction has one shape and adds exact zeros for them."""
+    bh, row = tl.program_id(0), tl.program_id(1)
     b, kvh = bh // KVH, bh % KVH
-    r = tl.arange(0, 16)
-    rows = rb * 16 + r
-    live = rows < G * T
-    head = kvh * G + rows // T
-    pos = rows % T
+    rb, r = row // 16, row % 16
+    head = kvh * G + row // T
+    pos = row % T
     d = tl.arange(0, BLOCK_D)
-    dmask = d < HD
+    sg = tl.arange(0, BLOCK_S)
     end = tl.load(pos_ptr + T - 1) + 1
-    m_i = tl.full((16,), -1.0e30, tl.float32)
-    l_i = tl.zeros((16,), tl.float32)
-    acc = tl.zeros((16, BLOCK_D), tl.float32)
-    for seg in range(0, tl.cdiv(end, SEG)):
-        base = ((bh * tl.num_programs(1) + rb) * NSEG + seg) * 16
-        m_s = tl.load(stat_ptr + (base + r) * 2)
-        l_s = tl.load(stat_ptr + (base + r) * 2 + 1)
-        part = tl.load(part_ptr + (base + r[:, None]) * BLOCK_D + d[None, :])
-        m_new = tl.maximum(m_i, m_s)
-        alpha = tl.exp(m_i - m_new)
-        beta = tl.exp(m_s - m_new)
-        l_i = l_i * alpha + l_s * beta
-        acc = acc * alpha[:, None] + part * beta[:, None]
-        m_i = m_new
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + b * so_b + pos[:, None] * so_t + head[:, None] * so_h + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=live[:, None] & dmask[None, :])
+    seen = sg < tl.cdiv(end, SEG)
+    base = ((bh * tl.cdiv(G * T, 16) + rb) * NSEG + sg) * 16 + r  # (BLOCK_S,) rows of this query row
+    m_s = tl.load(stat_ptr + base * 2, mask=seen, other=-1.0e30)
+    l_s = tl.load(stat_ptr + base * 2 + 1, mask=seen, other=0.0)
+    part = tl.load(part_ptr + base[:, None] * BLOCK_D + d[None, :], mask=seen[:, None], other=0.0)
+    m = tl.max(m_s, axis=0)
+    w = tl.exp(m_s - m)
+    l = tl.sum(l_s * w, axis=0)
+    acc = tl.sum(part * w[:, None], axis=0)
+    out = acc / tl.where(l > 0, l, 1.0)
+    live = row < G * T
+    tl.store(out_ptr + b * so_b + pos * so_t + head * so_h + d, out.to(out_ptr.dtype.element_ty),
+             mask=(d < HD) & live)
 
 
 def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -160,7 +156,7 @@ def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), sm_b, sm_t,
         BLOCK_D=block_d, INTERPRET=triton_interpret(), num_warps=4)
-    small_attention_merge_kernel[(b * kvh, row_blocks)](
+    small_attention_merge_kernel[(b * kvh, g * t)](
         part, stat, input_pos, out, t, g, kvh, hd, seg, nseg, out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_D=block_d, num_warps=4)
+        BLOCK_D=block_d, BLOCK_S=max(16, triton.next_power_of_2(nseg)), num_warps=4)
     return out
