@@ -50,6 +50,15 @@ def kernel_choice() -> str:
     return value
 
 
+def early_launch_allowed() -> bool:
+    """``ANYFP4_EARLY_LAUNCH``: ``1`` (default) launches the CUDA decode kernels on sm_90+ as programmatic
+    dependent launches (each starts loading weights while the previous kernel finishes); ``0`` turns it off."""
+    value = os.environ.get("ANYFP4_EARLY_LAUNCH", "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"ANYFP4_EARLY_LAUNCH must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 TP_ALLREDUCE_CHOICES = ("auto", "peer", "nccl")
 
 

@@ -110,7 +110,7 @@ def test_every_variant_compiles(sm):
     for i, (fp8, nt, mt, warps, depth, bf16, gated, bias) in enumerate(VARIANTS):
         cubin = nvrtc.compile_cubin(src, weight_mma.KERNEL, sm, dict(FP8=fp8, NT=nt, MT=mt, WARPS=warps, DEPTH=depth,
                                                                      BF16=bf16, GATED=gated, HAS_BIAS=bias,
-                                                                     OUT_F32=i % 2))
+                                                                     OUT_F32=i % 2, EARLY=int(sm >= 90)))
         assert cubin[:4] == b"\x7fELF"
 
 
@@ -223,3 +223,28 @@ def test_rows_do_not_depend_on_the_batch(dtype):
     singles = torch.cat([op(x[i:i + 1], p.codes, p.scales, p.global_scale, None, 4096, 4096) for i in range(32)])
     for m in (2, 5, 8, 9, 16, 17, 32):
         assert torch.equal(op(x[:m], p.codes, p.scales, p.global_scale, None, 4096, 4096), singles[:m]), m
+
+
+@gpu
+def test_early_launch_waits_for_the_kernel_before_it(monkeypatch):
+    """Captured in one graph, each call reads activations the kernel just before it wrote: with the early
+    (programmatic dependent) launch on sm_90 the outputs equal the plainly launched ones bit for bit."""
+    gen = torch.Generator(device="cuda").manual_seed(15)
+    w = nvfp4_weight(4096, 4096, gen, torch.tensor(1e-3, device="cuda"))
+    p = prepack_nvfp4(w)
+    a = torch.randn(20, 1, 4096, device="cuda", generator=gen).to(torch.bfloat16)
+    op = torch.ops.anyfp4.nvfp4_linear
+    monkeypatch.setenv("ANYFP4_EARLY_LAUNCH", "0")
+    want = [op(a[i] * 3, p.codes, p.scales, p.global_scale, None, 4096, 4096) for i in range(20)]
+    monkeypatch.setenv("ANYFP4_EARLY_LAUNCH", "1")
+    x = torch.empty(1, 4096, device="cuda", dtype=torch.bfloat16)
+    op(x, p.codes, p.scales, p.global_scale, None, 4096, 4096)  # compiled and loaded before capture
+    torch.cuda.synchronize()
+    graph, ys = torch.cuda.CUDAGraph(), []
+    with torch.cuda.graph(graph):
+        for i in range(20):
+            torch.mul(a[i], 3, out=x)
+            ys.append(op(x, p.codes, p.scales, p.global_scale, None, 4096, 4096))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(y, r) for y, r in zip(ys, want))

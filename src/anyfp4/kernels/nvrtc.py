@@ -123,13 +123,30 @@ def compile_cubin(source: str, name: str, sm: int, defines: dict[str, int]) -> b
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+                ("num_attrs", ctypes.c_uint)]
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
 @dataclass
 class Kernel:
-    """A loaded kernel: ``launch(grid, block, dynamic shared bytes, args)`` on the current CUDA stream."""
+    """A loaded kernel: ``launch(grid, block, dynamic shared bytes, args)`` on the current CUDA stream.
+    ``early=True`` (sm_90+) lets the kernel start while the previous kernel in the stream finishes
+    (programmatic dependent launch); the kernel must execute ``griddepcontrol.wait`` before it reads
+    anything an earlier kernel writes, or writes anything."""
     function: ctypes.c_void_p
     module: ctypes.c_void_p
 
-    def launch(self, grid: tuple[int, int, int], block: int, smem: int, args: list) -> None:
+    def launch(self, grid: tuple[int, int, int], block: int, smem: int, args: list, early: bool = False) -> None:
         keep, ptrs = [], []
         for a in args:
             if isinstance(a, torch.Tensor):
@@ -142,8 +159,15 @@ class Kernel:
             ptrs.append(ctypes.cast(ctypes.byref(c), ctypes.c_void_p))
         arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
         stream = torch.cuda.current_stream().cuda_stream
-        _check_cuda(_cuda().cuLaunchKernel(self.function, grid[0], grid[1], grid[2], block, 1, 1, smem,
-                                           ctypes.c_void_p(stream), arr, None), "launch")
+        if not early:
+            _check_cuda(_cuda().cuLaunchKernel(self.function, grid[0], grid[1], grid[2], block, 1, 1, smem,
+                                               ctypes.c_void_p(stream), arr, None), "launch")
+            return
+        attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+        attr.value[0] = 1
+        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, smem, ctypes.c_void_p(stream),
+                               ctypes.pointer(attr), 1)
+        _check_cuda(_cuda().cuLaunchKernelEx(ctypes.byref(config), self.function, arr, None), "launch")
 
 
 _LOADED: dict[tuple, Kernel] = {}

@@ -86,6 +86,15 @@ def reserve_counters(device: torch.device) -> torch.Tensor:
     return buf
 
 
+def early_launch(device: int) -> bool:
+    """Programmatic dependent launch on sm_90+ unless ``ANYFP4_EARLY_LAUNCH=0``: the kernel loads its first
+    weights while the previous kernel finishes."""
+    from ..env import early_launch_allowed
+    from .tuning import device_arch
+
+    return device_arch(device)[0] >= 90 and early_launch_allowed()
+
+
 def enabled(sm: int) -> bool:
     """The CUDA kernel serves this GPU: sm_80+, NVRTC found, and ``ANYFP4_KERNELS`` allows it."""
     from ..env import kernel_choice
@@ -123,9 +132,10 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
     if out_dtype not in (x.dtype, torch.float32):
         raise ValueError(f"output dtype must be {x.dtype} or float32, got {out_dtype}")
     kc = stage_k(m)
-    defines = dict(OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"), NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth,
-                   BF16=int(x.dtype == torch.bfloat16), GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None))
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    early = early_launch(device)
+    defines = dict(EARLY=int(early), OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"), NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth,
+                   BF16=int(x.dtype == torch.bfloat16), GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None))
     kernel = nvrtc.load(_source(), KERNEL, defines, device)
     if out is None:
         out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
@@ -141,7 +151,7 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
         partial, counters, m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4,
         block_scales.stride(0) // 2 if block_scales is not None else 0,
         x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc,
-    ])
+    ], early=early)
     return out
 
 

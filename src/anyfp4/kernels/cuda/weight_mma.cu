@@ -33,7 +33,10 @@
 //
 // Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16
 // tiles per warp), WARPS, DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED,
-// HAS_BIAS, OUT_F32 (float32 output, not rounded: a row-parallel rank's partial product). The k range staged per round (kc, a multiple of 128) is a run-time argument; dynamic shared memory
+// HAS_BIAS, OUT_F32 (float32 output, not rounded: a row-parallel rank's partial product), EARLY (launched as
+// a programmatic dependent launch on sm_90: the block fills its ring of code words — weights, which no kernel
+// writes — while the previous kernel finishes, and waits for it (griddepcontrol.wait) before it reads the
+// activations or writes anything). The k range staged per round (kc, a multiple of 128) is a run-time argument; dynamic shared memory
 // holds M * (kc / 2 + 4) words. Code words are loaded DEPTH steps ahead into a ring of registers, across
 // staging rounds.
 
@@ -187,6 +190,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #endif
             }
 
+#if EARLY
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     int round_beg = s_beg, round_end = s_beg;
     for (int s0 = s_beg; s0 < s_end; s0 += DEPTH) {
 #pragma unroll
