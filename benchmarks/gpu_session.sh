@@ -8,6 +8,8 @@ OUT="${OUT:-./gpu-results}"; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
 timeout 240 python3 -m pytest -q -x tests/kernels tests/test_ops.py tests/runtime -k "not aot and not every_variant_compiles and not parallel" \
     2>&1 | tail -5 | tee "$OUT/pytest.txt"
+timeout 100 python3 benchmarks/probes/step_profile.py --out "$OUT/step_profile.json" > "$OUT/step_profile.log" 2>&1
+grep -A6 "==" "$OUT/step_profile.log"
 timeout 240 python3 benchmarks/e2e_runner.py --out "$OUT/e2e_runner.json" > "$OUT/e2e_runner.log" 2>&1
 tail -8 "$OUT/e2e_runner.log"
 [ "${1:-}" = quick ] && exit 0
@@ -21,6 +23,9 @@ tail -2 "$OUT/bench_compile.err"
 timeout 120 python3 benchmarks/speculative_runner.py --out "$OUT/speculative.json" > "$OUT/speculative.log" 2>&1
 tail -4 "$OUT/speculative.log"
 if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # no NVLink multicast
+    timeout 60 torchrun --nproc-per-node 2 benchmarks/probes/allreduce_probe.py --out "$OUT/allreduce.json" \
+        > "$OUT/allreduce.log" 2>&1
     timeout 120 python3 -m anyfp4 bench --random-weights llama-3.1-8b --format nvfp4 --tp 2 --json \
         > "$OUT/bench_tp2.json" 2> "$OUT/bench_tp2.err"
     timeout 200 python3 benchmarks/tp_runner.py --out "$OUT/tp_agreement.json" > "$OUT/tp_runner.log" 2>&1
