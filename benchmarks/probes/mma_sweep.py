@@ -2,8 +2,10 @@
 config family, then a launch-config sweep against the production op and bf16 cuBLAS in one run.
 
     python benchmarks/probes/mma_sweep.py --out mma_sweep.json [--quick] [--formats nvfp4 fp8] [--skip-check]
+    python benchmarks/probes/mma_sweep.py --skip-check --shapes 6144x4096 3072x4096 --gated 7168x4096 --ms 1 2 4 8
 
-The best config per (format, shape, M) is what `kernels/tuning.py`'s MMA_LAUNCH_TABLE holds.
+The best config per (format, shape, M) is what `kernels/tuning.py`'s MMA_LAUNCH_TABLE holds; the output file
+also works as it is as an extra table (``ANYFP4_MMA_TABLE=mma_sweep.json``) on GPUs of the same kind.
 """
 
 from __future__ import annotations
@@ -115,11 +117,11 @@ FORMATS = {  # name: (make a random prepack, bytes per weight, kernel, op, main-
 }
 
 
-def sweep(device, report, quick, fmt):
+def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),), ms=None):
     torch.backends.cuda.matmul.allow_tf32 = False
     make, bpw, kernel, op, step = FORMATS[fmt]
-    shapes = SHAPES[:3] + [(28672, 8192)] if quick else SHAPES
-    ms = [1, 8, 32] if quick else [1, 2, 4, 8, 16, 32]
+    shapes = shapes or (SHAPES[:3] + [(28672, 8192)] if quick else SHAPES)
+    ms = ms or ([1, 8, 32] if quick else [1, 2, 4, 8, 16, 32])
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     for n, k in shapes:
         copies = max(2, int(ROTATE_BYTES // (n * k * bpw)))
@@ -154,28 +156,31 @@ def sweep(device, report, quick, fmt):
                   f"{best[1]} heur {t_h*1e6:.1f} -> {t_bf16/best[0]:.2f}x ({bytes_/best[0]/1e9:.0f} GB/s)", flush=True)
         del ws, wb
         torch.cuda.empty_cache()
-    # gated 2 x 14336 x 4096
-    n, k = 14336, 4096
-    copies = 12 if fmt == "nvfp4" else 6
-    gws = []
-    for _ in range(copies):
-        if fmt == "nvfp4":
-            g, u = random_nvfp4(n, k, device), random_nvfp4(n, k, device)
-            gws.append(prepack_nvfp4_gated(g, NVFP4Weight(u.packed, u.block_scale, g.global_scale)))
-        else:
-            gws.append(prepack_fp8_gated(random_fp8(n, k, device), random_fp8(n, k, device)))
-    wb = [torch.randn(2 * n, k, device=device, dtype=torch.bfloat16) for _ in range(4)]
-    for m in ms:
-        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-        t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wb[i % 4]))
-        best = None
-        for cfg in configs_for(m, True, 4096, step):
-            t = graph_time(lambda i: kernel(x, gws[i % copies], None, cfg))
-            if best is None or t < best[0]:
-                best = (t, cfg)
-        report["gated"].append({"format": fmt, "n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6,
-                                "best_us": best[0] * 1e6, "best_cfg": best[1].__dict__, "speedup": t_bf16 / best[0]})
-        print(f"{fmt} gated 2x{n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} mma {best[0]*1e6:.1f} {best[1]}", flush=True)
+    for n, k in gated_shapes:  # gate and up, each n x k
+        copies = max(2, int(ROTATE_BYTES // (2 * n * k * bpw)))
+        gws = []
+        for _ in range(copies):
+            if fmt == "nvfp4":
+                g, u = random_nvfp4(n, k, device), random_nvfp4(n, k, device)
+                gws.append(prepack_nvfp4_gated(g, NVFP4Weight(u.packed, u.block_scale, g.global_scale)))
+            else:
+                gws.append(prepack_fp8_gated(random_fp8(n, k, device), random_fp8(n, k, device)))
+        wb = [torch.randn(2 * n, k, device=device, dtype=torch.bfloat16) for _ in range(4)]
+        k_pad = gws[0].codes.shape[1] * (8 if fmt == "nvfp4" else 4)
+        for m in ms:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wb[i % 4]))
+            best = None
+            for cfg in configs_for(m, True, k_pad, step):
+                t = graph_time(lambda i: kernel(x, gws[i % copies], None, cfg))
+                if best is None or t < best[0]:
+                    best = (t, cfg)
+            report["gated"].append({"format": fmt, "n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6,
+                                    "best_us": best[0] * 1e6, "best_cfg": best[1].__dict__,
+                                    "speedup": t_bf16 / best[0]})
+            print(f"{fmt} gated 2x{n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} mma {best[0]*1e6:.1f} {best[1]}", flush=True)
+        del gws, wb
+        torch.cuda.empty_cache()
 
 
 def main():
@@ -185,10 +190,15 @@ def main():
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--formats", nargs="+", default=["nvfp4", "fp8"], choices=list(FORMATS))
+    ap.add_argument("--shapes", nargs="+", metavar="NxK", help="plain shapes to sweep (default: PERF.md's)")
+    ap.add_argument("--gated", nargs="+", metavar="NxK", default=["14336x4096"], help="gated shapes (gate = up = N x K)")
+    ap.add_argument("--ms", nargs="+", type=int, help="M values (default 1 2 4 8 16 32)")
     args = ap.parse_args()
+    parse = lambda specs: [tuple(int(v) for v in s.lower().split("x")) for s in specs] if specs else None  # noqa: E731
     device = torch.device("cuda")
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "sweep": [], "gated": [],
-              "out": args.out}
+    props = torch.cuda.get_device_properties(device)
+    report = {"device": torch.cuda.get_device_name(), "sm": props.major * 10 + props.minor,
+              "torch": torch.__version__, "sweep": [], "gated": [], "out": args.out}
     t0 = time.time()
     failures, results = [], []
     if not args.skip_check:
@@ -199,7 +209,7 @@ def main():
     Path(args.out).write_text(json.dumps(report, indent=1))
     if not args.skip_sweep:
         for fmt in args.formats:
-            sweep(device, report, args.quick, fmt)
+            sweep(device, report, args.quick, fmt, parse(args.shapes), parse(args.gated), args.ms)
     report["seconds"] = time.time() - t0
     Path(args.out).write_text(json.dumps(report, indent=1))
 

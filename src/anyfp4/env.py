@@ -50,6 +50,13 @@ def kernel_choice() -> str:
     return value
 
 
+def extra_mma_table_path() -> str | None:
+    """``ANYFP4_MMA_TABLE``: an output file of ``benchmarks/probes/mma_sweep.py`` whose best launch configs
+    take precedence over the built-in launch table of the CUDA decode kernels (tuning on your own GPU)."""
+    value = os.environ.get("ANYFP4_MMA_TABLE", "").strip()
+    return value or None
+
+
 def early_launch_allowed() -> bool:
     """``ANYFP4_EARLY_LAUNCH``: ``1`` (default) launches the CUDA decode kernels on sm_90+ as programmatic
     dependent launches (each starts loading weights while the previous kernel finishes); ``0`` turns it off."""

@@ -248,3 +248,30 @@ def test_early_launch_waits_for_the_kernel_before_it(monkeypatch):
     graph.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(y, r) for y, r in zip(ys, want))
+
+
+def test_a_sweep_file_overrides_the_launch_table(tmp_path, monkeypatch):
+    """ANYFP4_MMA_TABLE: the best configs of an mma_sweep.py file win over the built-in table and the heuristic;
+    the split still comes from the M = 1 entry; a file that is not a sweep is a clear error."""
+    import json
+
+    from anyfp4.kernels.tuning import mma_config
+
+    sweep = {"sm": 90, "sweep": [
+        {"format": "nvfp4", "n": 6144, "k": 4096, "m": 1, "best_cfg": {"mt": 1, "warps": 4, "split_k": 2, "depth": 8}},
+        {"format": "nvfp4", "n": 6144, "k": 4096, "m": 8, "best_cfg": {"mt": 2, "warps": 8, "split_k": 16, "depth": 2}}],
+        "gated": [{"format": "nvfp4", "n": 7168, "k": 4096, "m": 1,
+                   "best_cfg": {"mt": 1, "warps": 8, "split_k": 4, "depth": 4}}]}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(sweep))
+    before = mma_config(90, 132, "nvfp4", False, 6144, 4096, 4096, 1)
+    monkeypatch.setenv("ANYFP4_MMA_TABLE", str(path))
+    assert mma_config(90, 132, "nvfp4", False, 6144, 4096, 4096, 1) == MMAConfig(1, 4, 2, 8) != before
+    assert mma_config(90, 132, "nvfp4", False, 6144, 4096, 4096, 7) == MMAConfig(2, 8, 2, 2)  # bucket 8, split of M=1
+    assert mma_config(90, 132, "nvfp4", True, 7168, 4096, 4096, 1) == MMAConfig(1, 8, 4, 4)
+    assert mma_config(80, 108, "nvfp4", False, 6144, 4096, 4096, 1) != MMAConfig(1, 4, 2, 8)  # another GPU: not it
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"sweep": [{"n": 1}]}')
+    monkeypatch.setenv("ANYFP4_MMA_TABLE", str(bad))
+    with pytest.raises(ValueError, match="ANYFP4_MMA_TABLE"):
+        mma_config(90, 132, "nvfp4", False, 6144, 4096, 4096, 1)

@@ -251,12 +251,39 @@ MMA_LAUNCH_TABLE: dict[tuple[int, str, bool, int, int, int], MMAConfig] = {
 }
 
 
+@functools.lru_cache(maxsize=None)
+def _extra_mma_table(path: str) -> dict[tuple[int, str, bool, int, int, int], MMAConfig]:
+    """The best configs of a ``benchmarks/probes/mma_sweep.py`` output file, as launch-table entries."""
+    import json
+
+    try:
+        with open(path) as f:
+            report = json.load(f)
+        table = {}
+        for gated, rows in ((False, report.get("sweep", [])), (True, report.get("gated", []))):
+            for r in rows:
+                c = r["best_cfg"]
+                table[(int(report["sm"]), r["format"], gated, int(r["k"]), int(r["n"]), m_bucket(int(r["m"])))] = \
+                    MMAConfig(int(c["mt"]), int(c["warps"]), int(c["split_k"]), int(c["depth"]))
+        return table
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"ANYFP4_MMA_TABLE={path}: not a launch-sweep file of benchmarks/probes/mma_sweep.py "
+                         f"({type(e).__name__}: {e})") from e
+
+
+def _mma_entry(key: tuple) -> MMAConfig | None:
+    from ..env import extra_mma_table_path
+
+    path = extra_mma_table_path()
+    extra = _extra_mma_table(path).get(key) if path else None
+    return extra or MMA_LAUNCH_TABLE.get(key)
+
+
 def mma_config(sm: int, sms: int, fmt: str, gated: bool, n: int, k: int, k_pad: int, m: int) -> MMAConfig:
-    """The launch table's entry for this GPU, shape and M bucket, else the heuristic (always 128-row blocks,
+    """The entry of ``ANYFP4_MMA_TABLE`` (a sweep file) or of the launch table for this GPU, shape and M bucket, else the heuristic (always 128-row blocks,
     which every prepack's row padding covers). The split-K always comes from M = 1: it alone sets the order
     in which a row's partial sums are added, so every M gives each row the bits M = 1 gives it (a verify pass
     of k + 1 rows computes what k + 1 single-token steps would)."""
-    one = MMA_LAUNCH_TABLE.get((sm, fmt, gated, k, n, 1)) or mma_heuristic_config(n, k_pad, 1, sms, gated, fmt)
-    c = MMA_LAUNCH_TABLE.get((sm, fmt, gated, k, n, m_bucket(m))) or mma_heuristic_config(n, k_pad, m, sms, gated,
-                                                                                          fmt)
+    one = _mma_entry((sm, fmt, gated, k, n, 1)) or mma_heuristic_config(n, k_pad, 1, sms, gated, fmt)
+    c = _mma_entry((sm, fmt, gated, k, n, m_bucket(m))) or mma_heuristic_config(n, k_pad, m, sms, gated, fmt)
     return replace(c, split_k=one.split_k)
