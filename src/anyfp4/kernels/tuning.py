@@ -182,6 +182,18 @@ MMA_LAUNCH_TABLE: dict[tuple[int, str, bool, int, int, int], MMAConfig] = {
     (90, "nvfp4", False, 8192, 28672, 8): MMAConfig(1, 8, 1, 4),
     (90, "nvfp4", False, 8192, 28672, 16): MMAConfig(2, 8, 8, 2),
     (90, "nvfp4", False, 8192, 28672, 32): MMAConfig(1, 8, 1, 2),
+    # Llama-3-8B's qkv and its tensor-parallel (two ranks) halves, bucket 1 and 8
+    # (benchmarks/results/nvfp4_mma_sweep_llama8b_tp_shapes_h200.json)
+    (90, "nvfp4", False, 4096, 6144, 1): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 4096, 6144, 8): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 4096, 3072, 1): MMAConfig(1, 4, 8, 2),
+    (90, "nvfp4", False, 4096, 3072, 8): MMAConfig(1, 4, 8, 2),
+    (90, "nvfp4", False, 2048, 4096, 1): MMAConfig(1, 4, 8, 4),
+    (90, "nvfp4", False, 2048, 4096, 8): MMAConfig(1, 8, 4, 2),
+    (90, "nvfp4", False, 7168, 4096, 1): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", False, 7168, 4096, 8): MMAConfig(1, 8, 8, 2),
+    (90, "nvfp4", True, 4096, 7168, 1): MMAConfig(1, 4, 8, 2),
+    (90, "nvfp4", True, 4096, 7168, 8): MMAConfig(1, 8, 4, 2),
     (90, "nvfp4", True, 4096, 14336, 1): MMAConfig(1, 4, 4, 2),
     (90, "nvfp4", True, 4096, 14336, 2): MMAConfig(1, 4, 4, 2),
     (90, "nvfp4", True, 4096, 14336, 4): MMAConfig(1, 4, 4, 2),

@@ -218,6 +218,11 @@ def run_rank(work, *args) -> None:
         torch.cuda.synchronize()
     del model
     dist.destroy_process_group()
+    # The rank's work is done and written: leave without the interpreter's teardown, where a communication
+    # helper thread once aborted a finished CPU rank ("terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def generate_worker(rank: int, tp: int, path: str, prompts: list, params, device_type: str, dtype_name: str,
