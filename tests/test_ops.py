@@ -168,7 +168,8 @@ def test_fp8_cuda_paths(dtype):
 
 
 def test_partial_ops_are_the_unrounded_reference_cpu():
-    """nvfp4_linear_partial / fp8_linear_partial: the float32 product before it is rounded to x's dtype."""
+    """nvfp4_linear_partial / fp8_linear_partial: the float32 product before the global / row scale and before
+    rounding to x's dtype."""
     from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
     from anyfp4.kernels.fp8_linear import prepack_fp8
 
@@ -176,20 +177,23 @@ def test_partial_ops_are_the_unrounded_reference_cpu():
     p = prepack_nvfp4(w)
     x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
     y = torch.ops.anyfp4.nvfp4_linear_partial(x, p.codes, p.scales, p.global_scale, 48, 64)
-    assert y.dtype == torch.float32 and torch.equal(y, reference(x, w))
-    assert torch.equal(y.to(torch.bfloat16), torch.ops.anyfp4.nvfp4_linear(x, *args(p)))
+    unit = NVFP4Weight(w.packed, w.block_scale, torch.tensor(1.0))
+    assert y.dtype == torch.float32 and torch.equal(y, reference(x, unit))  # before the global scale
+    torch.testing.assert_close(y * w.global_scale, reference(x, w))
     torch.library.opcheck(torch.ops.anyfp4.nvfp4_linear_partial, (x, p.codes, p.scales, p.global_scale, 48, 64))
     f = quantize_fp8(torch.randn(48, 64), per_channel=True)
     pf = prepack_fp8(f)
     yf = torch.ops.anyfp4.fp8_linear_partial(x, pf.codes, pf.scales, 48, 64)
-    assert yf.dtype == torch.float32 and torch.equal(yf, x.float() @ dequantize_fp8(f).t())
+    assert yf.dtype == torch.float32
+    torch.testing.assert_close(yf * pf.scales[:48], x.float() @ dequantize_fp8(f).t())
     torch.library.opcheck(torch.ops.anyfp4.fp8_linear_partial, (x, pf.codes, pf.scales, 48, 64))
 
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_partial_ops_cuda(dtype):
-    """On a GPU: float32 out for decode and prefill sizes; at M <= 32 rounding it gives the plain op's bits."""
+    """On a GPU: float32 out for decode and prefill sizes; at M <= 32 scaling and rounding it gives the plain
+    op's bits."""
     from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
     from anyfp4.kernels.fp8_linear import prepack_fp8
 
@@ -202,6 +206,7 @@ def test_partial_ops_cuda(dtype):
         y = torch.ops.anyfp4.nvfp4_linear_partial(x, p.codes, p.scales, p.global_scale, 4120, 1552)
         yf = torch.ops.anyfp4.fp8_linear_partial(x, pf.codes, pf.scales, 4120, 1552)
         assert y.dtype == yf.dtype == torch.float32
+        y, yf = y * p.global_scale, yf * pf.scales[:4120]  # the shares are sums before the scales
         for got, ref in ((y, reference(x, w)), (yf, x.float() @ dequantize_fp8(f).t())):
             assert ((got - ref).norm() / ref.norm()).item() < 8e-3, m
         if m <= 32:

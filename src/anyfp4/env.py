@@ -50,6 +50,20 @@ def kernel_choice() -> str:
     return value
 
 
+PREFILL_MODES = ("cublas", "chunked")
+
+
+def prefill_mode() -> str:
+    """``ANYFP4_PREFILL``: how quantized linears run more than 32 rows on a GPU. ``cublas`` (default):
+    dequantize, then cuBLAS; ``chunked``: the decode kernels, 32 rows at a time (sm_80+) — slower for long
+    prompts, but a row's bits then depend neither on the prompt's length nor, with two tensor-parallel ranks,
+    on the split over GPUs. Read inside the op."""
+    value = os.environ.get("ANYFP4_PREFILL", "cublas").strip().lower()
+    if value not in PREFILL_MODES:
+        raise ValueError(f"ANYFP4_PREFILL must be one of {', '.join(PREFILL_MODES)}, got {value!r}")
+    return value
+
+
 def extra_mma_table_path() -> str | None:
     """``ANYFP4_MMA_TABLE``: an output file of ``benchmarks/probes/mma_sweep.py`` whose best launch configs
     take precedence over the built-in launch table of the CUDA decode kernels (tuning on your own GPU)."""

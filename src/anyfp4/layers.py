@@ -28,19 +28,24 @@ class NVFP4Linear(nn.Module):
         self.register_buffer("global_scale", p.global_scale)
         self.register_buffer("bias", bias.to(device) if bias is not None else None)
         self.out_features, self.in_features, self.up_offset = p.out_features, p.in_features, p.up_offset
+        self.split_k = 0  # 0: the launch table's; tensor parallelism sets the full layer's (see parallel.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.up_offset:
             return torch.ops.anyfp4.nvfp4_gated(x, self.codes, self.scales, self.global_scale, self.up_offset,
-                                                self.out_features, self.in_features)
+                                                self.out_features, self.in_features, self.split_k)
         bias = self.bias.to(x.dtype) if self.bias is not None else None
         return torch.ops.anyfp4.nvfp4_linear(x, self.codes, self.scales, self.global_scale, bias,
-                                             self.out_features, self.in_features)
+                                             self.out_features, self.in_features, self.split_k)
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W^T`` in float32, unrounded, no bias: a row-parallel rank's share of the sum."""
+        """``x @ W^T`` before the global scale, float32, unrounded, no bias: a row-parallel rank's share."""
         return torch.ops.anyfp4.nvfp4_linear_partial(x, self.codes, self.scales, self.global_scale,
-                                                     self.out_features, self.in_features)
+                                                     self.out_features, self.in_features, self.split_k)
+
+    def scale_partial(self, total: torch.Tensor) -> torch.Tensor:
+        """The ranks' summed shares times the global scale (float32; the caller rounds once)."""
+        return total * self.global_scale
 
 
 class FP8Linear(nn.Module):
@@ -53,17 +58,24 @@ class FP8Linear(nn.Module):
         self.register_buffer("scales", p.scales)
         self.register_buffer("bias", bias.to(device) if bias is not None else None)
         self.out_features, self.in_features, self.up_offset = p.out_features, p.in_features, p.up_offset
+        self.split_k = 0  # 0: the launch table's; tensor parallelism sets the full layer's (see parallel.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.up_offset:
             return torch.ops.anyfp4.fp8_gated(x, self.codes, self.scales, self.up_offset, self.out_features,
-                                              self.in_features)
+                                              self.in_features, self.split_k)
         bias = self.bias.to(x.dtype) if self.bias is not None else None
-        return torch.ops.anyfp4.fp8_linear(x, self.codes, self.scales, bias, self.out_features, self.in_features)
+        return torch.ops.anyfp4.fp8_linear(x, self.codes, self.scales, bias, self.out_features, self.in_features,
+                                           self.split_k)
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W^T`` in float32, unrounded, no bias: a row-parallel rank's share of the sum."""
-        return torch.ops.anyfp4.fp8_linear_partial(x, self.codes, self.scales, self.out_features, self.in_features)
+        """``x @ W^T`` before the row scales, float32, unrounded, no bias: a row-parallel rank's share."""
+        return torch.ops.anyfp4.fp8_linear_partial(x, self.codes, self.scales, self.out_features, self.in_features,
+                                                   self.split_k)
+
+    def scale_partial(self, total: torch.Tensor) -> torch.Tensor:
+        """The ranks' summed shares times the row scales (float32; the caller rounds once)."""
+        return total * self.scales[: self.out_features]
 
 
 SMALL_ROWS = 32
@@ -87,6 +99,9 @@ class DenseLinear(nn.Module):
             padded = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, SMALL_ROWS - rows))
             return F.linear(padded, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)
         return F.linear(x, self.weight, self.bias)
+
+    def scale_partial(self, total: torch.Tensor) -> torch.Tensor:
+        return total
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W^T`` in float32, no bias (on a GPU cuBLAS writes its float32 sums unrounded)."""

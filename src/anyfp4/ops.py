@@ -29,6 +29,7 @@ GEMV at M = 1, dequantize + cuBLAS above). On the CPU: the pure-torch reference.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -86,9 +87,19 @@ def _check(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_f
         raise ValueError(f"{name}: global_scale must be one float32 value")
 
 
-def _reference(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], out_dtype: Optional[torch.dtype] = None) -> Tensor:
-    """The CPU implementation: dequantize with formats/ and multiply in float32."""
+def _unit_scale(w: NVFP4Prepacked) -> NVFP4Prepacked:
+    """The same prepack with a global scale of 1: its products are the sums before the global scale."""
+    return _as_prepacked(w.codes, w.scales, torch.ones_like(w.global_scale), w.up_offset, w.out_features,
+                         w.in_features)
+
+
+def _reference(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], partial: bool = False) -> Tensor:
+    """The CPU implementation: dequantize with formats/ and multiply in float32 (``partial``: before the
+    global scale, not rounded to x's dtype)."""
     x2 = x.reshape(-1, w.in_features).float()
+    if partial:
+        y = x2 @ dequantize_nvfp4(unprepack_nvfp4(_unit_scale(w))).t()
+        return y.reshape(*x.shape[:-1], w.out_features)
     if w.gated:
         gate, up = (dequantize_nvfp4(p) for p in unprepack_nvfp4_gated(w))
         y = torch.nn.functional.silu(x2 @ gate.t()) * (x2 @ up.t())
@@ -96,11 +107,16 @@ def _reference(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], out_dtype: 
         y = x2 @ dequantize_nvfp4(unprepack_nvfp4(w)).t()
         if bias is not None:
             y = y + bias.float()
-    return y.to(out_dtype or x.dtype).reshape(*x.shape[:-1], w.out_features)
+    return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
 
 
-def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], out_dtype: Optional[torch.dtype] = None) -> Tensor:
-    from .env import act_pack_mode
+def _in_row_chunks(x2: Tensor, run) -> Tensor:
+    """``run`` on at most 32 rows at a time (the decode kernels' rows do not depend on the call's other rows)."""
+    return torch.cat([run(x2[i:i + 32]) for i in range(0, x2.shape[0], 32)])
+
+
+def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], partial: bool = False, split_k: int = 0) -> Tensor:
+    from .env import act_pack_mode, prefill_mode
     from .kernels.nvfp4_decode import MAX_DECODE_M, nvfp4_decode_gemm
     from .kernels.nvfp4_dequant import nvfp4_prefill_gemm
     from .kernels.nvfp4_gemv import nvfp4_gemv
@@ -112,69 +128,79 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], out_dtype: Optio
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
+    out_dtype = torch.float32 if partial else None
     if m == 0:
         return x.new_empty(*x.shape[:-1], w.out_features, dtype=out_dtype or x.dtype)
     bias = bias if not w.gated else None
     sm, sms = device_arch(x.device.index)
     k_pad = w.codes.shape[1] * 8
+
+    def mma(rows: Tensor) -> Tensor:
+        config = mma_config(sm, sms, "nvfp4", w.gated, w.out_features, w.in_features, k_pad, rows.shape[0])
+        if split_k:
+            config = replace(config, split_k=split_k)
+        return weight_mma.nvfp4_mma_gemm(rows, w, bias, config, out_dtype=out_dtype)
+
     if m <= MAX_MMA_M and weight_mma.enabled(sm):
-        config = mma_config(sm, sms, "nvfp4", w.gated, w.out_features, w.in_features, k_pad, m)
-        y = weight_mma.nvfp4_mma_gemm(x2, w, bias, config, out_dtype=out_dtype)
+        y = mma(x2)
+    elif m > MAX_DECODE_M and prefill_mode() == "chunked" and weight_mma.enabled(sm):
+        y = _in_row_chunks(x2, mma)
     elif m > MAX_DECODE_M:
-        y = nvfp4_prefill_gemm(x2, w, bias, out_dtype)
-    elif m == 1:
-        y = nvfp4_gemv(x2, w, bias, gemv_heuristic_config(w.out_features, k_pad, sms))
-    elif m <= MAX_DECODE_M:
-        mode = act_pack_mode()
-        pack = mode == "1" or (mode == "auto" and act_pack_auto(sm, m))
-        config = decode_config(sm, sms, w.out_features, w.in_features, w.codes.shape[1] * 8, m)
-        y = nvfp4_decode_gemm(x2, w, bias, config, act_pack=pack)
-    if out_dtype is not None and y.dtype != out_dtype:
-        y = y.to(out_dtype)  # the Triton decode kernels (sm_70/75) round to x's dtype first
+        y = nvfp4_prefill_gemm(x2, _unit_scale(w) if partial else w, bias, out_dtype)
+    else:
+        if m == 1:
+            y = nvfp4_gemv(x2, w, bias, gemv_heuristic_config(w.out_features, k_pad, sms))
+        else:
+            mode = act_pack_mode()
+            pack = mode == "1" or (mode == "auto" and act_pack_auto(sm, m))
+            config = decode_config(sm, sms, w.out_features, w.in_features, w.codes.shape[1] * 8, m)
+            y = nvfp4_decode_gemm(x2, w, bias, config, act_pack=pack)
+        if partial:  # the Triton decode kernels (sm_70/75) scale and round first
+            y = y.float() / w.global_scale
     return y.reshape(*x.shape[:-1], w.out_features)
 
 
 @torch.library.custom_op("anyfp4::nvfp4_linear", mutates_args=())
 def nvfp4_linear(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, bias: Optional[Tensor],
-                 out_features: int, in_features: int) -> Tensor:
+                 out_features: int, in_features: int, split_k: int = 0) -> Tensor:
     _check(x, codes, scales, global_scale, out_features, in_features, 0, "nvfp4_linear")
     _check_bias(bias, x, out_features, "nvfp4_linear")
     w = _as_prepacked(codes, scales, global_scale, 0, out_features, in_features)
-    return _cuda(x, w, bias) if x.is_cuda else _reference(x, w, bias)
+    return _cuda(x, w, bias, split_k=split_k) if x.is_cuda else _reference(x, w, bias)
 
 
 @nvfp4_linear.register_fake
-def _(x, codes, scales, global_scale, bias, out_features, in_features):
+def _(x, codes, scales, global_scale, bias, out_features, in_features, split_k=0):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
 @torch.library.custom_op("anyfp4::nvfp4_gated", mutates_args=())
 def nvfp4_gated(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, up_offset: int,
-                out_features: int, in_features: int) -> Tensor:
+                out_features: int, in_features: int, split_k: int = 0) -> Tensor:
     if up_offset <= 0:
         raise ValueError("nvfp4_gated: up_offset must be positive (use prepack_nvfp4_gated)")
     _check(x, codes, scales, global_scale, out_features, in_features, up_offset, "nvfp4_gated")
     w = _as_prepacked(codes, scales, global_scale, up_offset, out_features, in_features)
-    return _cuda(x, w, None) if x.is_cuda else _reference(x, w, None)
+    return _cuda(x, w, None, split_k=split_k) if x.is_cuda else _reference(x, w, None)
 
 
 @nvfp4_gated.register_fake
-def _(x, codes, scales, global_scale, up_offset, out_features, in_features):
+def _(x, codes, scales, global_scale, up_offset, out_features, in_features, split_k=0):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
 @torch.library.custom_op("anyfp4::nvfp4_linear_partial", mutates_args=())
 def nvfp4_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_features: int,
-                         in_features: int) -> Tensor:
-    """``x @ W^T`` in float32, not rounded to x's dtype: a row-parallel rank's share of a sum that the ranks
-    add before rounding once (on sm_80+ and in prefill; the sm_70/75 decode kernels round first)."""
+                         in_features: int, split_k: int = 0) -> Tensor:
+    """``x @ W^T / global_scale`` in float32, not rounded: a row-parallel rank's share of a sum that the ranks
+    add, then scale and round once (on sm_80+ and in prefill; the sm_70/75 decode kernels round first)."""
     _check(x, codes, scales, global_scale, out_features, in_features, 0, "nvfp4_linear_partial")
     w = _as_prepacked(codes, scales, global_scale, 0, out_features, in_features)
-    return _cuda(x, w, None, torch.float32) if x.is_cuda else _reference(x, w, None, torch.float32)
+    return _cuda(x, w, None, partial=True, split_k=split_k) if x.is_cuda else _reference(x, w, None, partial=True)
 
 
 @nvfp4_linear_partial.register_fake
-def _(x, codes, scales, global_scale, out_features, in_features):
+def _(x, codes, scales, global_scale, out_features, in_features, split_k=0):
     return x.new_empty(*x.shape[:-1], out_features, dtype=torch.float32)
 
 
@@ -197,12 +223,16 @@ def _check_fp8(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_f
         raise ValueError(f"{name}: scales must be float32 ({codes.shape[0]},), got {scales.dtype} {tuple(scales.shape)}")
 
 
-def _fp8_run(x: Tensor, w, bias: Optional[Tensor], out_dtype: Optional[torch.dtype] = None) -> Tensor:
+def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_k: int = 0) -> Tensor:
+    """``partial``: float32, before the row scales, not rounded (a row-parallel rank's share)."""
     from .formats.fp8 import dequantize_fp8
-    from .kernels.fp8_linear import fp8_gemv, fp8_matmul, unprepack_fp8
+    from .kernels.fp8_linear import FP8Prepacked, fp8_gemv, fp8_matmul, unprepack_fp8
 
     x2 = x.reshape(-1, w.in_features)
+    out_dtype = torch.float32 if partial else None
+    unit = FP8Prepacked(w.codes, torch.ones_like(w.scales), w.out_features, w.in_features, w.up_offset) if partial else w
     if x.is_cuda:
+        from .env import prefill_mode
         from .kernels import weight_mma
         from .kernels.tuning import device_arch, mma_config
 
@@ -210,19 +240,30 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor], out_dtype: Optional[torch.dty
         m = x2.shape[0]
         bias = bias if not w.gated else None
         sm, sms = device_arch(x.device.index)
+
+        def mma(rows: Tensor) -> Tensor:
+            config = mma_config(sm, sms, "fp8", w.gated, w.out_features, w.in_features, w.codes.shape[1] * 4,
+                                rows.shape[0])
+            if split_k:
+                config = replace(config, split_k=split_k)
+            return weight_mma.fp8_mma_gemm(rows, w, bias, config, out_dtype=out_dtype)
+
         if m == 0:
             y = x2.new_empty(0, w.out_features, dtype=out_dtype or x.dtype)
         elif m <= weight_mma.MAX_MMA_M and weight_mma.enabled(sm):
-            config = mma_config(sm, sms, "fp8", w.gated, w.out_features, w.in_features, w.codes.shape[1] * 4, m)
-            y = weight_mma.fp8_mma_gemm(x2, w, bias, config, out_dtype=out_dtype)
+            y = mma(x2)
+        elif prefill_mode() == "chunked" and weight_mma.enabled(sm):
+            y = _in_row_chunks(x2, mma)
         elif m == 1:
             y = fp8_gemv(x2, w, bias)
+            if partial:  # the Triton GEMV (sm_70/75) scales and rounds first
+                y = y.float() / w.scales[: w.out_features]
         else:
-            y = fp8_matmul(x2, w, bias, out_dtype)
-        if out_dtype is not None and y.dtype != out_dtype:
-            y = y.to(out_dtype)  # the Triton GEMV (sm_70/75) rounds to x's dtype first
+            y = fp8_matmul(x2, unit, bias, out_dtype)
         return y.reshape(*x.shape[:-1], w.out_features)
     xf = x2.float()
+    if partial:
+        return (xf @ dequantize_fp8(unprepack_fp8(unit)).t()).reshape(*x.shape[:-1], w.out_features)
     if w.gated:
         y = torch.nn.functional.silu(xf @ dequantize_fp8(unprepack_fp8(w)).t()) * (
             xf @ dequantize_fp8(unprepack_fp8(w, w.up_offset)).t())
@@ -230,51 +271,52 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor], out_dtype: Optional[torch.dty
         y = xf @ dequantize_fp8(unprepack_fp8(w)).t()
         if bias is not None:
             y = y + bias.float()
-    return y.to(out_dtype or x.dtype).reshape(*x.shape[:-1], w.out_features)
+    return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
 
 
 @torch.library.custom_op("anyfp4::fp8_linear", mutates_args=())
 def fp8_linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Optional[Tensor], out_features: int,
-               in_features: int) -> Tensor:
+               in_features: int, split_k: int = 0) -> Tensor:
     from .kernels.fp8_linear import FP8Prepacked
 
     _check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear")
     _check_bias(bias, x, out_features, "fp8_linear")
-    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features), bias)
+    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features), bias, split_k=split_k)
 
 
 @fp8_linear.register_fake
-def _(x, codes, scales, bias, out_features, in_features):
+def _(x, codes, scales, bias, out_features, in_features, split_k=0):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
 @torch.library.custom_op("anyfp4::fp8_linear_partial", mutates_args=())
-def fp8_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_features: int) -> Tensor:
-    """``x @ W^T`` in float32, not rounded (see ``nvfp4_linear_partial``)."""
+def fp8_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_features: int,
+                       split_k: int = 0) -> Tensor:
+    """``x @ W^T`` before the row scales, in float32, not rounded (see ``nvfp4_linear_partial``)."""
     from .kernels.fp8_linear import FP8Prepacked
 
     _check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear_partial")
-    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features), None, torch.float32)
+    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features), None, partial=True, split_k=split_k)
 
 
 @fp8_linear_partial.register_fake
-def _(x, codes, scales, out_features, in_features):
+def _(x, codes, scales, out_features, in_features, split_k=0):
     return x.new_empty(*x.shape[:-1], out_features, dtype=torch.float32)
 
 
 @torch.library.custom_op("anyfp4::fp8_gated", mutates_args=())
 def fp8_gated(x: Tensor, codes: Tensor, scales: Tensor, up_offset: int, out_features: int,
-              in_features: int) -> Tensor:
+              in_features: int, split_k: int = 0) -> Tensor:
     from .kernels.fp8_linear import FP8Prepacked
 
     if up_offset <= 0:
         raise ValueError("fp8_gated: up_offset must be positive (use prepack_fp8_gated)")
     _check_fp8(x, codes, scales, out_features, in_features, up_offset, "fp8_gated")
-    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features, up_offset), None)
+    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features, up_offset), None, split_k=split_k)
 
 
 @fp8_gated.register_fake
-def _(x, codes, scales, up_offset, out_features, in_features):
+def _(x, codes, scales, up_offset, out_features, in_features, split_k=0):
     return x.new_empty(*x.shape[:-1], out_features)
 
 

@@ -149,8 +149,10 @@ def check_kernel(kernel, p, pg, wd, gd, ud, bias, ms, gen):
         assert rel_err(y, x.double() @ wd.t() + bias.double()) < tol, (m, cfg)
         assert torch.equal(y, kernel(x, p, bias, cfg)), "not deterministic"
         out32 = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
-        y32 = kernel(x, p, bias, cfg, out=out32, out_dtype=torch.float32)
-        assert not torch.isnan(y32).any() and torch.equal(y32.to(dtype), y), "float32 output is not the unrounded sum"
+        y32 = kernel(x, p, None, cfg, out=out32, out_dtype=torch.float32)
+        scale = p.global_scale if hasattr(p, "global_scale") else p.scales[:n]
+        assert not torch.isnan(y32).any(), (m, cfg)
+        assert torch.equal((y32 * scale).to(dtype), kernel(x, p, None, cfg)), "float32 output is not the sum before scaling"
         yg = kernel(x, pg, None, MMAConfig(1, cfg.warps, cfg.split_k, min(cfg.depth, 4)))
         gref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
         assert rel_err(yg, gref) < 2 * tol, (m, cfg)
@@ -275,3 +277,56 @@ def test_a_sweep_file_overrides_the_launch_table(tmp_path, monkeypatch):
     monkeypatch.setenv("ANYFP4_MMA_TABLE", str(bad))
     with pytest.raises(ValueError, match="ANYFP4_MMA_TABLE"):
         mma_config(90, 132, "nvfp4", False, 6144, 4096, 4096, 1)
+
+
+@gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_two_ranks_shares_add_up_to_one_gpus_bits(fmt, dtype):
+    """What tensor parallelism over two GPUs relies on: rows of a layer (column-parallel) computed with the full
+    layer's split give its bits; the two halves of K (row-parallel), each with half the split and summed in
+    float32 before the scale, give the full layer's bits too (the even split adds its halves separately)."""
+    from anyfp4.kernels.tuning import mma_config
+    from anyfp4.runtime.parallel import _cols, _rows
+
+    gen = torch.Generator(device="cuda").manual_seed(16)
+    n, k = 4096, 4096
+    if fmt == "nvfp4":
+        w = nvfp4_weight(n, k, gen, torch.tensor(1e-3, device="cuda"))
+        pack, op, part = prepack_nvfp4, torch.ops.anyfp4.nvfp4_linear, torch.ops.anyfp4.nvfp4_linear_partial
+        call = lambda x, p, s: op(x, p.codes, p.scales, p.global_scale, None, p.out_features, p.in_features, s)  # noqa: E731
+        share = lambda x, p, s: part(x, p.codes, p.scales, p.global_scale, p.out_features, p.in_features, s)  # noqa: E731
+        scale = lambda p: p.global_scale  # noqa: E731
+    else:
+        w = quantize_fp8(torch.randn(n, k, device="cuda", generator=gen), per_channel=True)
+        pack, op, part = prepack_fp8, torch.ops.anyfp4.fp8_linear, torch.ops.anyfp4.fp8_linear_partial
+        call = lambda x, p, s: op(x, p.codes, p.scales, None, p.out_features, p.in_features, s)  # noqa: E731
+        share = lambda x, p, s: part(x, p.codes, p.scales, p.out_features, p.in_features, s)  # noqa: E731
+        scale = lambda p: p.scales[: p.out_features]  # noqa: E731
+    from anyfp4.kernels.tuning import device_arch
+
+    p = pack(w)
+    split = mma_config(*device_arch(torch.cuda.current_device()), fmt, False, n, k, k, 1).split_k
+    split += split % 2  # an even split (the launch table's for this shape on the H200)
+    top, left, right = pack(_rows(w, 0, n // 2)), pack(_cols(w, 0, k // 2)), pack(_cols(w, k // 2, k))
+    for m in (1, 5, 32):
+        x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+        y = call(x, p, split)
+        assert torch.equal(call(x, top, split), y[:, : n // 2]), m
+        total = share(x[:, : k // 2].contiguous(), left, split // 2) + share(x[:, k // 2:].contiguous(), right, split // 2)
+        assert torch.equal((total * scale(p)).to(dtype), y), m
+
+
+@gpu
+def test_chunked_prefill_gives_each_row_the_decode_bits(monkeypatch):
+    """ANYFP4_PREFILL=chunked: 100 rows go through the decode kernel 32 at a time, each row as a one-row call."""
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    w = nvfp4_weight(4096, 4096, gen, torch.tensor(1e-3, device="cuda"))
+    p = prepack_nvfp4(w)
+    x = torch.randn(100, 4096, device="cuda", generator=gen).to(torch.bfloat16)
+    op = torch.ops.anyfp4.nvfp4_linear
+    monkeypatch.setenv("ANYFP4_PREFILL", "chunked")
+    y = op(x, p.codes, p.scales, p.global_scale, None, 4096, 4096)
+    for i in (0, 31, 32, 99):
+        assert torch.equal(y[i:i + 1], op(x[i:i + 1], p.codes, p.scales, p.global_scale, None, 4096, 4096)), i
+    assert rel_err(y, x.double() @ dequantize_nvfp4(w).double().t()) < 4e-3

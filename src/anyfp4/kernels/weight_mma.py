@@ -131,6 +131,10 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
     out_dtype = out_dtype or x.dtype
     if out_dtype not in (x.dtype, torch.float32):
         raise ValueError(f"output dtype must be {x.dtype} or float32, got {out_dtype}")
+    if out_dtype != x.dtype and (bias is not None or up_offset):
+        raise ValueError("a float32 output (before the scale) is for plain prepacks without bias")
+    if not 1 <= config.split_k <= k_pad // STEP_K[fmt]:
+        raise ValueError(f"split-K {config.split_k} must be 1..{k_pad // STEP_K[fmt]} for K = {k_pad}")
     kc = stage_k(m)
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     early = early_launch(device)

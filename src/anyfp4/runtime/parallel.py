@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..formats.fp8 import FP8Weight
+from ..layers import FP8Linear, NVFP4Linear
 from ..formats.nvfp4 import GROUP_SIZE, NVFP4Weight
 from .config import ModelArgs
 from .loader import WeightSource
@@ -161,10 +162,48 @@ class AllReduce(nn.Module):
         self.peer = peer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce_sum(self.inner.partial(x), self.peer).to(x.dtype)
+        total = all_reduce_sum(self.inner.partial(x), self.peer)
+        return self.inner.scale_partial(total).to(x.dtype)
 
 
-def wrap_row_parallel(model: nn.Module) -> None:
+def _single_gpu_split(layer: nn.Module, n: int, k: int, gated: bool) -> int:
+    """The split-K one GPU uses for the full ``n`` x ``k`` layer (the launch table's, from M = 1)."""
+    from ..kernels.tuning import device_arch, mma_config
+
+    sm, sms = device_arch(layer.codes.device.index)
+    fmt = "nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"
+    return mma_config(sm, sms, fmt, gated, n, k, -(-k // 256) * 256, 1).split_k
+
+
+def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
+    """Give each quantized shard the split-K of its full layer on one GPU: a column-parallel rank (a slice of
+    the rows) the full layer's, a row-parallel rank (a slice of K) the full layer's divided by ``tp``. A
+    rank's rows then add up their k in the order one GPU does; with two ranks and an even split, one GPU
+    adds the two halves of its slices separately before adding the halves (``cuda/weight_mma.cu``), so the
+    ranks' float32 shares summed give one GPU's sum bit for bit."""
+    from ..kernels import weight_mma
+    from ..kernels.tuning import device_arch
+
+    if model.device.type != "cuda" or not weight_mma.enabled(device_arch(model.device.index)[0]):
+        return
+    quantized = (NVFP4Linear, FP8Linear)
+    for blk in model.blocks:
+        qkv = blk.attn.qkv if isinstance(blk.attn.qkv, nn.ModuleList) else [blk.attn.qkv]
+        column = [(m, False) for m in qkv] + [(blk.mlp.gated, True)] + [(m, False) for m in (
+            blk.mlp.gate_up, blk.mlp.gate, blk.mlp.up)]
+        for layer, gated in column:
+            if isinstance(layer, quantized):
+                layer.split_k = _single_gpu_split(layer, layer.out_features * tp, layer.in_features, gated)
+        for layer in (blk.attn.o_proj, blk.mlp.down):
+            steps = layer.in_features * tp // weight_mma.STEP_K["nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"] \
+                if isinstance(layer, quantized) else 0
+            if isinstance(layer, quantized) and steps % tp == 0:
+                split = _single_gpu_split(layer, layer.out_features, layer.in_features * tp, False)
+                layer.split_k = split // tp if split % tp == 0 else 0
+
+
+def wrap_row_parallel(model: nn.Module, tp: int) -> None:
+    match_single_gpu_splits(model, tp)
     peer = peer_all_reduce(model.device, model.args.hidden_size)
     for blk in model.blocks:
         blk.attn.o_proj = AllReduce(blk.attn.o_proj, peer)
@@ -180,7 +219,7 @@ def load_model_tp(path, device, dtype, rank: int, tp: int, progress: bool = Fals
     args = ModelArgs.from_hf(reader.config)
     model = build_model(rank_args(args, tp), ShardedSource(CheckpointSource(reader), rank, tp),
                         torch.device(device), dtype, progress and rank == 0)
-    wrap_row_parallel(model)
+    wrap_row_parallel(model, tp)
     return model
 
 

@@ -80,7 +80,7 @@ def random_model(arch: str, fmt: str, device, dtype, seed: int = 0, progress: bo
         with torch.no_grad():
             model = build_model(rank_args(args, tp), ShardedSource(src, rank, tp), torch.device(device), dtype,
                                 progress)
-        wrap_row_parallel(model)
+        wrap_row_parallel(model, tp)
         return model
     with torch.no_grad():
         return build_model(args, src, torch.device(device), dtype, progress)

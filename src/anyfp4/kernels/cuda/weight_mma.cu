@@ -28,12 +28,14 @@
 // (* 2^8 for FP8 fp16).
 //
 // Split-K (gridDim.y > 1): every block writes its fp32 sums to `partial`, then the last block of a row tile
-// (a counter per row tile, reset by that block) adds the partials in the fixed order z = 0, 1, ... and runs the
+// (a counter per row tile, reset by that block) adds the partials in a fixed order — z = 0, 1, ... for an odd
+// split; for an even split the first half and the second half each in that order, then the two — and runs the
 // epilogue: one launch, no floating-point atomics, identical bits run after run.
 //
 // Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16
 // tiles per warp), WARPS, DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED,
-// HAS_BIAS, OUT_F32 (float32 output, not rounded: a row-parallel rank's partial product), EARLY (launched as
+// HAS_BIAS, OUT_F32 (float32 output, not rounded and before the global / row scale: a row-parallel rank's
+// share; plain prepacks without bias only), EARLY (launched as
 // a programmatic dependent launch on sm_90: the block fills its ring of code words — weights, which no kernel
 // writes — while the previous kernel finishes, and waits for it (griddepcontrol.wait) before it reads the
 // activations or writes anything). The k range staged per round (kc, a multiple of 128) is a run-time argument; dynamic shared memory
@@ -318,10 +320,15 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int m = acc_col(b, t, i), n = rows[a] + acc_row_offset(i);
-                    float sum = 0.0f;
-                    if (m < M)
-                        for (int z = 0; z < split; ++z) sum += __ldcg(partial + ((long long)z * M + m) * rows_total + n);
-                    acc[a][b][i] = sum;
+                    // an even split adds its two halves separately, then the halves: what two tensor-parallel
+                    // ranks holding one half of K each (split / 2 slices) give when their sums are added
+                    float lo = 0.0f, hi = 0.0f;
+                    const int half = (split % 2 == 0) ? split / 2 : split;
+                    if (m < M) {
+                        for (int z = 0; z < half; ++z) lo += __ldcg(partial + ((long long)z * M + m) * rows_total + n);
+                        for (int z = half; z < split; ++z) hi += __ldcg(partial + ((long long)z * M + m) * rows_total + n);
+                    }
+                    acc[a][b][i] = half < split ? lo + hi : lo;
                 }
         if (threadIdx.x == 0) counters[blockIdx.x] = 0;
     }
@@ -344,8 +351,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
             for (int i = 0; i < 4; ++i) {
                 const int m = acc_col(b, t, i), n = rows[a] + acc_row_offset(i);
                 if (m >= M || n >= N_OUT) continue;
-                // gscale: FP8 one scale per prepack row, NVFP4 the one global scale
+                // gscale: FP8 one scale per prepack row, NVFP4 the one global scale; a float32 output leaves
+                // it to whoever adds the ranks' outputs (scaled once, after the sum)
+#if OUT_F32
+                float y = acc[a][b][i] * unit;
+#else
                 float y = acc[a][b][i] * unit * gscale[FP8 ? n : 0];
+#endif
 #if GATED
                 const float u = acc[a + MT][b][i] * unit * gscale[FP8 ? rows[a + MT] + acc_row_offset(i) : 0];
                 y = y / (1.0f + __expf(-y)) * u;
