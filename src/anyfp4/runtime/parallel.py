@@ -179,8 +179,8 @@ def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
     """Give each quantized shard the split-K of its full layer on one GPU: a column-parallel rank (a slice of
     the rows) the full layer's, a row-parallel rank (a slice of K) the full layer's divided by ``tp``. A
     rank's rows then add up their k in the order one GPU does; with two ranks and an even split, one GPU
-    adds the two halves of its slices separately before adding the halves (``cuda/weight_mma.cu``), so the
-    ranks' float32 shares summed give one GPU's sum bit for bit."""
+    sums each half of its slices as a rank sums its own before adding the halves (``sum_slices`` in
+    ``cuda/weight_mma.cu``), so the ranks' float32 shares summed give one GPU's sum bit for bit."""
     from ..kernels import weight_mma
     from ..kernels.tuning import device_arch
 

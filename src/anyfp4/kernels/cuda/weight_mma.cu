@@ -28,8 +28,8 @@
 // (* 2^8 for FP8 fp16).
 //
 // Split-K (gridDim.y > 1): every block writes its fp32 sums to `partial`, then the last block of a row tile
-// (a counter per row tile, reset by that block) adds the partials in a fixed order — z = 0, 1, ... for an odd
-// split; for an even split the first half and the second half each in that order, then the two — and runs the
+// (a counter per row tile, reset by that block) adds the partials in a fixed order (sum_slices: an even
+// number of slices is halved, each half summed the same way, then the two halves added) and runs the
 // epilogue: one launch, no floating-point atomics, identical bits run after run.
 //
 // Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16
@@ -133,6 +133,26 @@ __device__ __forceinline__ u16 float_to_out(float f) {
 // (0 or 8) from the thread's weight row g.
 __device__ __forceinline__ int acc_col(int b, int t, int i) { return b * 8 + 2 * t + (i & 1); }
 __device__ __forceinline__ int acc_row_offset(int i) { return (i >> 1) * 8; }
+
+// The sum of `split` slice partials p[0], p[stride], ...: an even count is halved and each half summed the same
+// way, then (left half) + (right half); an odd count is added in order from 0. The slices of one half are what
+// a tensor-parallel rank holding that half of K computes with split / 2 slices, so two ranks' sums added give
+// these bits. As a loop: blocks of the odd part of `split` summed in order, then a balanced tree over the
+// power-of-two number of blocks (a binary counter of partial sums, left before right).
+__device__ __forceinline__ float sum_slices(const float* p, long long stride, int split) {
+    const int leaves = split & -split, per_leaf = split / leaves;
+    float stack[8];
+    for (int j = 0; j < leaves; ++j) {
+        float carry = 0.0f;
+        for (int z = j * per_leaf; z < (j + 1) * per_leaf; ++z) carry += __ldcg(p + z * stride);
+        int level = 0;
+        for (; (j >> level) & 1; ++level) carry = stack[level] + carry;
+        stack[level] = carry;
+    }
+    int top = 0;
+    while ((1 << top) < leaves) ++top;
+    return stack[top];
+}
 
 __device__ __forceinline__ u32 word_of(const uint4& w, int q) {
     return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
@@ -320,15 +340,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int m = acc_col(b, t, i), n = rows[a] + acc_row_offset(i);
-                    // an even split adds its two halves separately, then the halves: what two tensor-parallel
-                    // ranks holding one half of K each (split / 2 slices) give when their sums are added
-                    float lo = 0.0f, hi = 0.0f;
-                    const int half = (split % 2 == 0) ? split / 2 : split;
-                    if (m < M) {
-                        for (int z = 0; z < half; ++z) lo += __ldcg(partial + ((long long)z * M + m) * rows_total + n);
-                        for (int z = half; z < split; ++z) hi += __ldcg(partial + ((long long)z * M + m) * rows_total + n);
-                    }
-                    acc[a][b][i] = half < split ? lo + hi : lo;
+                    acc[a][b][i] = m < M ? sum_slices(partial + (long long)m * rows_total + n,
+                                                      (long long)M * rows_total, split) : 0.0f;
                 }
         if (threadIdx.x == 0) counters[blockIdx.x] = 0;
     }
