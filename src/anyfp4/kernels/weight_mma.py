@@ -138,7 +138,7 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
     kc = stage_k(m)
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     early = early_launch(device)
-    defines = dict(EARLY=int(early), OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"), NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth,
+    defines = dict(EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"), NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth,
                    BF16=int(x.dtype == torch.bfloat16), GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None))
     kernel = nvrtc.load(_source(), KERNEL, defines, device)
     if out is None:

@@ -34,7 +34,7 @@
 //
 // Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16
 // tiles per warp), WARPS, DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED,
-// HAS_BIAS, OUT_F32 (float32 output, not rounded and before the global / row scale: a row-parallel rank's
+// HAS_BIAS, SPLIT (split-K slices, = gridDim.y), OUT_F32 (float32 output, not rounded and before the global / row scale: a row-parallel rank's
 // share; plain prepacks without bias only), EARLY (launched as
 // a programmatic dependent launch on sm_90: the block fills its ring of code words — weights, which no kernel
 // writes — while the previous kernel finishes, and waits for it (griddepcontrol.wait) before it reads the
@@ -134,24 +134,32 @@ __device__ __forceinline__ u16 float_to_out(float f) {
 __device__ __forceinline__ int acc_col(int b, int t, int i) { return b * 8 + 2 * t + (i & 1); }
 __device__ __forceinline__ int acc_row_offset(int i) { return (i >> 1) * 8; }
 
-// The sum of `split` slice partials p[0], p[stride], ...: an even count is halved and each half summed the same
-// way, then (left half) + (right half); an odd count is added in order from 0. The slices of one half are what
-// a tensor-parallel rank holding that half of K computes with split / 2 slices, so two ranks' sums added give
-// these bits. As a loop: blocks of the odd part of `split` summed in order, then a balanced tree over the
-// power-of-two number of blocks (a binary counter of partial sums, left before right).
-__device__ __forceinline__ float sum_slices(const float* p, long long stride, int split) {
-    const int leaves = split & -split, per_leaf = split / leaves;
-    float stack[8];
-    for (int j = 0; j < leaves; ++j) {
-        float carry = 0.0f;
-        for (int z = j * per_leaf; z < (j + 1) * per_leaf; ++z) carry += __ldcg(p + z * stride);
-        int level = 0;
-        for (; (j >> level) & 1; ++level) carry = stack[level] + carry;
-        stack[level] = carry;
+// The sum of the SPLIT slice partials p[0], p[stride], ...: an even count is halved and each half summed the
+// same way, then (left half) + (right half); an odd count is added in order from 0. The slices of one half are
+// what a tensor-parallel rank holding that half of K computes with SPLIT / 2 slices, so two ranks' sums added
+// give these bits. Unrolled: all partials loaded at once, blocks of the odd part of SPLIT summed in order, then
+// a balanced tree over the power-of-two number of blocks, left + right.
+#ifndef SPLIT
+#error "SPLIT (the split-K, gridDim.y) must be defined"
+#endif
+#define LEAVES (SPLIT & -SPLIT)
+#define PER_LEAF (SPLIT / LEAVES)
+__device__ __forceinline__ float sum_slices(const float* p, long long stride) {
+    float v[SPLIT];
+#pragma unroll
+    for (int z = 0; z < SPLIT; ++z) v[z] = __ldcg(p + z * stride);
+#pragma unroll
+    for (int j = 0; j < LEAVES; ++j) {
+        float leaf = 0.0f;
+#pragma unroll
+        for (int z = 0; z < PER_LEAF; ++z) leaf += v[j * PER_LEAF + z];
+        v[j] = leaf;  // j <= j * PER_LEAF: no later leaf reads it
     }
-    int top = 0;
-    while ((1 << top) < leaves) ++top;
-    return stack[top];
+#pragma unroll
+    for (int width = 1; width < LEAVES; width *= 2)
+#pragma unroll
+        for (int j = 0; j < LEAVES; j += 2 * width) v[j] = v[j] + v[j + width];
+    return v[0];
 }
 
 __device__ __forceinline__ u32 word_of(const uint4& w, int q) {
@@ -341,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 for (int i = 0; i < 4; ++i) {
                     const int m = acc_col(b, t, i), n = rows[a] + acc_row_offset(i);
                     acc[a][b][i] = m < M ? sum_slices(partial + (long long)m * rows_total + n,
-                                                      (long long)M * rows_total, split) : 0.0f;
+                                                      (long long)M * rows_total) : 0.0f;
                 }
         if (threadIdx.x == 0) counters[blockIdx.x] = 0;
     }
