@@ -212,3 +212,21 @@ def test_partial_ops_cuda(dtype):
         if m <= 32:
             assert torch.equal(y.to(dtype), torch.ops.anyfp4.nvfp4_linear(x, *args(p)))
             assert torch.equal(yf.to(dtype), torch.ops.anyfp4.fp8_linear(x, pf.codes, pf.scales, None, 4120, 1552))
+
+
+def test_split_k_argument_and_prefill_switch_cpu(monkeypatch):
+    """The optional split_k argument passes opcheck (the CPU reference ignores it: no slices there); a bad
+    ANYFP4_PREFILL value is a clear error."""
+    from anyfp4.env import prefill_mode
+
+    w = random_weight(48, 64, 23)
+    p = prepack_nvfp4(w)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.anyfp4.nvfp4_linear, (x, *args(p), 2))
+    assert torch.equal(torch.ops.anyfp4.nvfp4_linear(x, *args(p), 2), torch.ops.anyfp4.nvfp4_linear(x, *args(p)))
+    torch.library.opcheck(torch.ops.anyfp4.nvfp4_linear_partial, (x, p.codes, p.scales, p.global_scale, 48, 64, 2))
+    monkeypatch.setenv("ANYFP4_PREFILL", "chunked")
+    assert prefill_mode() == "chunked"
+    monkeypatch.setenv("ANYFP4_PREFILL", "fast")
+    with pytest.raises(ValueError, match="ANYFP4_PREFILL"):
+        prefill_mode()
