@@ -8,8 +8,12 @@
   ``fp8_gated(x, codes, scales, up_offset, out_features, in_features)``: the same for an FP8
   prepack (``kernels.fp8_linear``): M = 1 runs an FP8 GEMV kernel, larger M dequantizes + cuBLAS.
 - ``nvfp4_linear_partial(x, codes, scales, global_scale, out_features, in_features)`` and
-  ``fp8_linear_partial(x, codes, scales, out_features, in_features)``: ``x @ W^T`` in float32, not
-  rounded — a row-parallel rank's share of a sum that tensor parallelism adds up before rounding once.
+  ``fp8_linear_partial(x, codes, scales, out_features, in_features)``: ``x @ W^T`` before the global / row
+  scale, in float32, not rounded — a row-parallel rank's share of a sum that tensor parallelism adds up,
+  then scales and rounds once.
+- every quantized op takes an optional last argument ``split_k`` (0: the launch table's): the K slices of
+  the CUDA decode kernel, which set the order a row's products are added in (tensor-parallel shards pass
+  their full layer's, so that they compute one GPU's bits).
 - ``small_attention(q, k_cache, v_cache, mask, input_pos)``: grouped-query attention of t <= 32 new
   positions over the static KV cache (``kernels.small_attention``), (b, t, h, hd) out; CUDA only.
 - ``rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos)``: rotary embedding of q and k, k and v
@@ -23,7 +27,8 @@ Inside the op (so torch.compile and CUDA graphs never bake a branch in): on CUDA
 ``x`` picks the kernel — M <= 32 on sm_80+: the CUDA tensor-core decode kernel (``kernels.weight_mma``,
 NVRTC, launch table or heuristic; ``ANYFP4_KERNELS=triton`` turns it off); otherwise M = 1: the Triton
 GEMV kernel, M <= 32: the Triton tensor-core decode kernel (activation block-pack by
-``ANYFP4_ACT_PACK``); larger M: dequantize + cuBLAS (prefill). FP8 follows the same split (Triton:
+``ANYFP4_ACT_PACK``); larger M: dequantize + cuBLAS (prefill), or with ``ANYFP4_PREFILL=chunked`` the
+CUDA decode kernel 32 rows at a time. FP8 follows the same split (Triton:
 GEMV at M = 1, dequantize + cuBLAS above). On the CPU: the pure-torch reference.
 """
 

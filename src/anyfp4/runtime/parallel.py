@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..formats.fp8 import FP8Weight
-from ..layers import FP8Linear, NVFP4Linear
 from ..formats.nvfp4 import GROUP_SIZE, NVFP4Weight
+from ..layers import FP8Linear, NVFP4Linear
 from .config import ModelArgs
 from .loader import WeightSource
 
@@ -152,9 +152,9 @@ def all_reduce_sum(y: torch.Tensor, peer: PeerAllReduce | None) -> torch.Tensor:
 
 
 class AllReduce(nn.Module):
-    """A row-parallel linear followed by the sum of the ranks' partial products: each rank's product stays
-    float32 (``partial``: the kernel's sums, unrounded), the ranks' products are added in float32 and
-    rounded once — as one GPU rounds its split-K sum once — not rounded rank by rank first."""
+    """A row-parallel linear followed by the sum of the ranks' shares: each rank's share stays float32
+    (``partial``: the kernel's sums before the global / row scale, unrounded), the ranks' shares are added
+    in float32, scaled and rounded once — as one GPU's epilogue scales and rounds its split-K sum."""
 
     def __init__(self, inner: nn.Module, peer: PeerAllReduce | None = None):
         super().__init__()
@@ -195,11 +195,13 @@ def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
             if isinstance(layer, quantized):
                 layer.split_k = _single_gpu_split(layer, layer.out_features * tp, layer.in_features, gated)
         for layer in (blk.attn.o_proj, blk.mlp.down):
-            steps = layer.in_features * tp // weight_mma.STEP_K["nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"] \
-                if isinstance(layer, quantized) else 0
-            if isinstance(layer, quantized) and steps % tp == 0:
-                split = _single_gpu_split(layer, layer.out_features, layer.in_features * tp, False)
-                layer.split_k = split // tp if split % tp == 0 else 0
+            if not isinstance(layer, quantized):
+                continue
+            full_k = layer.in_features * tp
+            split = _single_gpu_split(layer, layer.out_features, full_k, False)
+            step = weight_mma.STEP_K["nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"]
+            if split % tp == 0 and (-(-full_k // 256) * 256 // step) % tp == 0:  # else: close, not the same bits
+                layer.split_k = split // tp
 
 
 def wrap_row_parallel(model: nn.Module, tp: int) -> None:
