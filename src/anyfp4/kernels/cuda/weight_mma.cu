@@ -34,13 +34,13 @@
 //
 // Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16
 // tiles per warp), WARPS, DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED,
-// HAS_BIAS, SPLIT (split-K slices, = gridDim.y), OUT_F32 (float32 output, not rounded and before the global / row scale: a row-parallel rank's
-// share; plain prepacks without bias only), EARLY (launched as
-// a programmatic dependent launch on sm_90: the block fills its ring of code words — weights, which no kernel
-// writes — while the previous kernel finishes, and waits for it (griddepcontrol.wait) before it reads the
-// activations or writes anything). The k range staged per round (kc, a multiple of 128) is a run-time argument; dynamic shared memory
-// holds M * (kc / 2 + 4) words. Code words are loaded DEPTH steps ahead into a ring of registers, across
-// staging rounds.
+// HAS_BIAS, SPLIT (split-K slices, = gridDim.y), OUT_F32 (float32 output, unrounded and before the global /
+// row scale: a row-parallel rank's share; plain prepacks without bias only), EARLY (a programmatic dependent
+// launch on sm_90: the block fills its ring of code words — weights, which no kernel writes — while the
+// previous kernel finishes, and waits for it (griddepcontrol.wait) before it reads the activations or writes
+// anything). The k range staged per round (kc, a multiple of 128) is a run-time argument; dynamic shared
+// memory holds M * (kc / 2 + 4) words. Code words are loaded DEPTH steps ahead into a ring of registers,
+// across staging rounds.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
