@@ -28,6 +28,7 @@ if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; t
         > "$OUT/allreduce.log" 2>&1
     timeout 120 python3 -m anyfp4 bench --random-weights llama-3.1-8b --format nvfp4 --tp 2 --json \
         > "$OUT/bench_tp2.json" 2> "$OUT/bench_tp2.err"
-    timeout 200 python3 benchmarks/tp_runner.py --out "$OUT/tp_agreement.json" > "$OUT/tp_runner.log" 2>&1
+    ANYFP4_PREFILL=chunked timeout 200 python3 benchmarks/tp_runner.py --out "$OUT/tp_agreement.json" \
+        > "$OUT/tp_runner.log" 2>&1  # chunked prefill: two GPUs should give one GPU's SHA-256
     tail -3 "$OUT/tp_runner.log"
 fi

@@ -1,7 +1,8 @@
 """Tensor parallelism against one GPU on the same random weights: the greedy text of TP1 and TP N
 (SHA-256), and, teacher-forced on TP1's tokens, how far TP N's logits are from TP1's (max |diff|,
-top-1 agreement) — the row-parallel all-reduce adds partial sums in another order than one GPU's
-split-K, so bit equality is not promised. Speed comes from ``anyfp4 bench --tp N``.
+top-1 agreement). With two ranks the decode steps compute one GPU's bits; with ``ANYFP4_PREFILL=chunked``
+the prompt too (cuBLAS picks its prefill kernels by shape), so the texts are equal. Speed comes from
+``anyfp4 bench --tp N``.
 
     python benchmarks/tp_runner.py --out tp.json [--tp 2] [--formats nvfp4 fp8 mixed]
 """
