@@ -20,6 +20,15 @@ def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """The value of ``name`` (trimmed, lower case), ``default`` when unset; anything not in ``choices`` is an
+    error naming the variable."""
+    value = os.environ.get(name, default).strip().lower()
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 ACT_PACK_CHOICES = ("auto", "0", "1")
 
 
@@ -28,10 +37,7 @@ def act_pack_mode() -> str:
 
     Read inside the custom op at call time, so it never changes what torch.compile traces.
     """
-    value = os.environ.get("ANYFP4_ACT_PACK", "auto").strip().lower()
-    if value not in ACT_PACK_CHOICES:
-        raise ValueError(f"ANYFP4_ACT_PACK must be one of {', '.join(ACT_PACK_CHOICES)}, got {value!r}")
-    return value
+    return _choice("ANYFP4_ACT_PACK", ACT_PACK_CHOICES, "auto")
 
 
 KERNEL_CHOICES = ("auto", "cuda", "triton")
@@ -44,10 +50,7 @@ def kernel_choice() -> str:
 
     Read inside the custom ops at call time, so it never changes what torch.compile traces.
     """
-    value = os.environ.get("ANYFP4_KERNELS", "auto").strip().lower()
-    if value not in KERNEL_CHOICES:
-        raise ValueError(f"ANYFP4_KERNELS must be one of {', '.join(KERNEL_CHOICES)}, got {value!r}")
-    return value
+    return _choice("ANYFP4_KERNELS", KERNEL_CHOICES, "auto")
 
 
 PREFILL_MODES = ("cublas", "chunked")
@@ -58,10 +61,7 @@ def prefill_mode() -> str:
     dequantize, then cuBLAS; ``chunked``: the decode kernels, 32 rows at a time (sm_80+) — slower for long
     prompts, but a row's bits then depend neither on the prompt's length nor, with two tensor-parallel ranks,
     on the split over GPUs. Read inside the op."""
-    value = os.environ.get("ANYFP4_PREFILL", "cublas").strip().lower()
-    if value not in PREFILL_MODES:
-        raise ValueError(f"ANYFP4_PREFILL must be one of {', '.join(PREFILL_MODES)}, got {value!r}")
-    return value
+    return _choice("ANYFP4_PREFILL", PREFILL_MODES, "cublas")
 
 
 def extra_mma_table_path() -> str | None:
@@ -74,10 +74,7 @@ def extra_mma_table_path() -> str | None:
 def early_launch_allowed() -> bool:
     """``ANYFP4_EARLY_LAUNCH``: ``1`` (default) launches the CUDA decode kernels on sm_90+ as programmatic
     dependent launches (each starts loading weights while the previous kernel finishes); ``0`` turns it off."""
-    value = os.environ.get("ANYFP4_EARLY_LAUNCH", "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"ANYFP4_EARLY_LAUNCH must be 0 or 1, got {value!r}")
-    return value == "1"
+    return _choice("ANYFP4_EARLY_LAUNCH", ("0", "1"), "1") == "1"
 
 
 TP_ALLREDUCE_CHOICES = ("auto", "peer", "nccl")
@@ -87,10 +84,7 @@ def tp_allreduce() -> str:
     """``ANYFP4_TP_ALLREDUCE``: how tensor-parallel ranks on GPUs sum the row-parallel outputs of decode steps.
     ``auto`` (default): through peer memory (PyTorch symmetric memory) where it works, NCCL otherwise;
     ``peer``: peer memory or an error; ``nccl``: always NCCL. Prefill-sized sums always use NCCL."""
-    value = os.environ.get("ANYFP4_TP_ALLREDUCE", "auto").strip().lower()
-    if value not in TP_ALLREDUCE_CHOICES:
-        raise ValueError(f"ANYFP4_TP_ALLREDUCE must be one of {', '.join(TP_ALLREDUCE_CHOICES)}, got {value!r}")
-    return value
+    return _choice("ANYFP4_TP_ALLREDUCE", TP_ALLREDUCE_CHOICES, "auto")
 
 
 def vllm_auto() -> bool:

@@ -34,7 +34,6 @@ GEMV at M = 1, dequantize + cuBLAS above). On the CPU: the pure-torch reference.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -141,9 +140,7 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], partial: bool = 
     k_pad = w.codes.shape[1] * 8
 
     def mma(rows: Tensor) -> Tensor:
-        config = mma_config(sm, sms, "nvfp4", w.gated, w.out_features, w.in_features, k_pad, rows.shape[0])
-        if split_k:
-            config = replace(config, split_k=split_k)
+        config = mma_config(sm, sms, "nvfp4", w.gated, w.out_features, w.in_features, k_pad, rows.shape[0], split_k)
         return weight_mma.nvfp4_mma_gemm(rows, w, bias, config, out_dtype=out_dtype)
 
     if m <= MAX_MMA_M and weight_mma.enabled(sm):
@@ -235,7 +232,8 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_
 
     x2 = x.reshape(-1, w.in_features)
     out_dtype = torch.float32 if partial else None
-    unit = FP8Prepacked(w.codes, torch.ones_like(w.scales), w.out_features, w.in_features, w.up_offset) if partial else w
+    unit = (FP8Prepacked(w.codes, torch.ones_like(w.scales), w.out_features, w.in_features, w.up_offset)
+            if partial else w)
     if x.is_cuda:
         from .env import prefill_mode
         from .kernels import weight_mma
@@ -248,9 +246,7 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_
 
         def mma(rows: Tensor) -> Tensor:
             config = mma_config(sm, sms, "fp8", w.gated, w.out_features, w.in_features, w.codes.shape[1] * 4,
-                                rows.shape[0])
-            if split_k:
-                config = replace(config, split_k=split_k)
+                                rows.shape[0], split_k)
             return weight_mma.fp8_mma_gemm(rows, w, bias, config, out_dtype=out_dtype)
 
         if m == 0:

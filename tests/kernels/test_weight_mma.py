@@ -132,6 +132,19 @@ def nvfp4_weight(n, k, gen, gs):
                            torch.float8_e4m3fn), gs)
 
 
+def square_case(seed: int, *x_shape: int, dtype=torch.bfloat16):
+    """A seeded 4096 x 4096 NVFP4 weight, its prepack and activations of shape (*x_shape, 4096)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w = nvfp4_weight(4096, 4096, gen, torch.tensor(1e-3, device="cuda"))
+    x = torch.randn(*x_shape, 4096, device="cuda", generator=gen).to(dtype)
+    return w, prepack_nvfp4(w), x
+
+
+def linear(x, p):
+    """torch.ops.anyfp4.nvfp4_linear over prepack ``p``, no bias."""
+    return torch.ops.anyfp4.nvfp4_linear(x, p.codes, p.scales, p.global_scale, None, p.out_features, p.in_features)
+
+
 CONFIGS = [MMAConfig(1, 8, 1, 2), MMAConfig(1, 4, 3, 4), MMAConfig(2, 4, 5, 2), MMAConfig(1, 8, 8, 8)]
 
 
@@ -188,18 +201,14 @@ def test_fp8_kernel_against_reference(dtype, per_channel):
 
 @gpu
 def test_kernel_switch_is_read_inside_the_op(monkeypatch):
-    gen = torch.Generator(device="cuda").manual_seed(13)
-    w = nvfp4_weight(4096, 4096, gen, torch.tensor(1e-3, device="cuda"))
-    p = prepack_nvfp4(w)
-    x = torch.randn(4, 4096, device="cuda", generator=gen).to(torch.bfloat16)
+    w, p, x = square_case(13, 4)
     ref = x.double() @ dequantize_nvfp4(w).double().t()
     for choice in ("auto", "cuda", "triton"):
         monkeypatch.setenv("ANYFP4_KERNELS", choice)
-        y = torch.ops.anyfp4.nvfp4_linear(x, p.codes, p.scales, p.global_scale, None, 4096, 4096)
-        assert rel_err(y, ref) < 4e-3
+        assert rel_err(linear(x, p), ref) < 4e-3
     monkeypatch.setenv("ANYFP4_KERNELS", "fastest")
     with pytest.raises(ValueError, match="ANYFP4_KERNELS"):
-        torch.ops.anyfp4.nvfp4_linear(x, p.codes, p.scales, p.global_scale, None, 4096, 4096)
+        linear(x, p)
 
 
 def test_split_k_does_not_depend_on_m():
@@ -218,36 +227,28 @@ def test_split_k_does_not_depend_on_m():
 def test_rows_do_not_depend_on_the_batch(dtype):
     """Through the op, each row of an M-row call has the bits of a one-row call (what makes a speculative
     verify pass reproduce single-token decoding)."""
-    gen = torch.Generator(device="cuda").manual_seed(14)
-    w = nvfp4_weight(4096, 4096, gen, torch.tensor(1e-3, device="cuda"))
-    p = prepack_nvfp4(w)
-    x = torch.randn(32, 4096, device="cuda", generator=gen).to(dtype)
-    op = torch.ops.anyfp4.nvfp4_linear
-    singles = torch.cat([op(x[i:i + 1], p.codes, p.scales, p.global_scale, None, 4096, 4096) for i in range(32)])
+    _, p, x = square_case(14, 32, dtype=dtype)
+    singles = torch.cat([linear(x[i:i + 1], p) for i in range(32)])
     for m in (2, 5, 8, 9, 16, 17, 32):
-        assert torch.equal(op(x[:m], p.codes, p.scales, p.global_scale, None, 4096, 4096), singles[:m]), m
+        assert torch.equal(linear(x[:m], p), singles[:m]), m
 
 
 @gpu
 def test_early_launch_waits_for_the_kernel_before_it(monkeypatch):
     """Captured in one graph, each call reads activations the kernel just before it wrote: with the early
     (programmatic dependent) launch on sm_90 the outputs equal the plainly launched ones bit for bit."""
-    gen = torch.Generator(device="cuda").manual_seed(15)
-    w = nvfp4_weight(4096, 4096, gen, torch.tensor(1e-3, device="cuda"))
-    p = prepack_nvfp4(w)
-    a = torch.randn(20, 1, 4096, device="cuda", generator=gen).to(torch.bfloat16)
-    op = torch.ops.anyfp4.nvfp4_linear
+    _, p, a = square_case(15, 20, 1)
     monkeypatch.setenv("ANYFP4_EARLY_LAUNCH", "0")
-    want = [op(a[i] * 3, p.codes, p.scales, p.global_scale, None, 4096, 4096) for i in range(20)]
+    want = [linear(a[i] * 3, p) for i in range(20)]
     monkeypatch.setenv("ANYFP4_EARLY_LAUNCH", "1")
     x = torch.empty(1, 4096, device="cuda", dtype=torch.bfloat16)
-    op(x, p.codes, p.scales, p.global_scale, None, 4096, 4096)  # compiled and loaded before capture
+    linear(x, p)  # compiled and loaded before capture
     torch.cuda.synchronize()
     graph, ys = torch.cuda.CUDAGraph(), []
     with torch.cuda.graph(graph):
         for i in range(20):
             torch.mul(a[i], 3, out=x)
-            ys.append(op(x, p.codes, p.scales, p.global_scale, None, 4096, 4096))
+            ys.append(linear(x, p))
     graph.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(y, r) for y, r in zip(ys, want))
@@ -321,13 +322,9 @@ def test_two_ranks_shares_add_up_to_one_gpus_bits(fmt, dtype):
 @gpu
 def test_chunked_prefill_gives_each_row_the_decode_bits(monkeypatch):
     """ANYFP4_PREFILL=chunked: 100 rows go through the decode kernel 32 at a time, each row as a one-row call."""
-    gen = torch.Generator(device="cuda").manual_seed(17)
-    w = nvfp4_weight(4096, 4096, gen, torch.tensor(1e-3, device="cuda"))
-    p = prepack_nvfp4(w)
-    x = torch.randn(100, 4096, device="cuda", generator=gen).to(torch.bfloat16)
-    op = torch.ops.anyfp4.nvfp4_linear
+    w, p, x = square_case(17, 100)
     monkeypatch.setenv("ANYFP4_PREFILL", "chunked")
-    y = op(x, p.codes, p.scales, p.global_scale, None, 4096, 4096)
+    y = linear(x, p)
     for i in (0, 31, 32, 99):
-        assert torch.equal(y[i:i + 1], op(x[i:i + 1], p.codes, p.scales, p.global_scale, None, 4096, 4096)), i
+        assert torch.equal(y[i:i + 1], linear(x[i:i + 1], p)), i
     assert rel_err(y, x.double() @ dequantize_nvfp4(w).double().t()) < 4e-3

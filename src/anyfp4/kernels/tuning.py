@@ -291,11 +291,15 @@ def _mma_entry(key: tuple) -> MMAConfig | None:
     return extra or MMA_LAUNCH_TABLE.get(key)
 
 
-def mma_config(sm: int, sms: int, fmt: str, gated: bool, n: int, k: int, k_pad: int, m: int) -> MMAConfig:
-    """The entry of ``ANYFP4_MMA_TABLE`` (a sweep file) or of the launch table for this GPU, shape and M bucket, else the heuristic (always 128-row blocks,
-    which every prepack's row padding covers). The split-K always comes from M = 1: it alone sets the order
-    in which a row's partial sums are added, so every M gives each row the bits M = 1 gives it (a verify pass
-    of k + 1 rows computes what k + 1 single-token steps would)."""
-    one = _mma_entry((sm, fmt, gated, k, n, 1)) or mma_heuristic_config(n, k_pad, 1, sms, gated, fmt)
+def mma_config(sm: int, sms: int, fmt: str, gated: bool, n: int, k: int, k_pad: int, m: int,
+               split_k: int = 0) -> MMAConfig:
+    """The entry of ``ANYFP4_MMA_TABLE`` (a sweep file) or of the launch table for this GPU, shape and M
+    bucket, else the heuristic (always 128-row blocks, which every prepack's row padding covers). The split-K
+    always comes from M = 1 — it alone sets the order in which a row's partial sums are added, so every M
+    gives each row the bits M = 1 gives it (a verify pass of k + 1 rows computes what k + 1 single-token
+    steps would) — unless ``split_k`` (> 0) names it for every M (a tensor-parallel shard's)."""
     c = _mma_entry((sm, fmt, gated, k, n, m_bucket(m))) or mma_heuristic_config(n, k_pad, m, sms, gated, fmt)
+    if split_k:
+        return replace(c, split_k=split_k)
+    one = _mma_entry((sm, fmt, gated, k, n, 1)) or mma_heuristic_config(n, k_pad, 1, sms, gated, fmt)
     return replace(c, split_k=one.split_k)

@@ -168,11 +168,12 @@ class AllReduce(nn.Module):
 
 def _single_gpu_split(layer: nn.Module, n: int, k: int, gated: bool) -> int:
     """The split-K one GPU uses for the full ``n`` x ``k`` layer (the launch table's, from M = 1)."""
+    from ..kernels.nvfp4_prepack import K_ALIGN, _round_up
     from ..kernels.tuning import device_arch, mma_config
 
     sm, sms = device_arch(layer.codes.device.index)
     fmt = "nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"
-    return mma_config(sm, sms, fmt, gated, n, k, -(-k // 256) * 256, 1).split_k
+    return mma_config(sm, sms, fmt, gated, n, k, _round_up(k, K_ALIGN), 1).split_k
 
 
 def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
@@ -182,6 +183,7 @@ def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
     sums each half of its slices as a rank sums its own before adding the halves (``sum_slices`` in
     ``cuda/weight_mma.cu``), so the ranks' float32 shares summed give one GPU's sum bit for bit."""
     from ..kernels import weight_mma
+    from ..kernels.nvfp4_prepack import K_ALIGN, _round_up
     from ..kernels.tuning import device_arch
 
     if model.device.type != "cuda" or not weight_mma.enabled(device_arch(model.device.index)[0]):
@@ -200,7 +202,7 @@ def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
             full_k = layer.in_features * tp
             split = _single_gpu_split(layer, layer.out_features, full_k, False)
             step = weight_mma.STEP_K["nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"]
-            if split % tp == 0 and (-(-full_k // 256) * 256 // step) % tp == 0:  # else: close, not the same bits
+            if split % tp == 0 and (_round_up(full_k, K_ALIGN) // step) % tp == 0:  # else: close, not the same bits
                 layer.split_k = split // tp
 
 
