@@ -8,6 +8,10 @@ from anyfp4.kernels.nvfp4_prepack import (
     prepack_nvfp4,
     prepack_nvfp4_gated,
     unprepack_nvfp4,
+    WORD_BITS,
+    checkpoint_order,
+    tiled_scale_offset,
+    tiled_word_offset,
     unprepack_nvfp4_gated,
 )
 
@@ -30,17 +34,31 @@ def test_round_trip_and_padding(n, k):
     assert torch.equal(back.block_scale.view(torch.uint8), w.block_scale.view(torch.uint8))
     assert torch.equal(back.global_scale, w.global_scale)
     # padding is zero codes and zero scales
-    raw = p.codes.view(torch.uint8)
-    assert not raw[n:].any() and not raw[:, k // 2:].any() and not p.scales[n:].any()
+    raw, scales = checkpoint_order(p)
+    assert not raw[n:].any() and not raw[:, k // 2:].any() and not scales[n:].any() and not scales[:, k // 16:].any()
 
 
-def test_word_layout_is_checkpoint_order():
-    codes = torch.arange(16, dtype=torch.uint8).repeat(1, 1)  # k = 0..15 hold codes 0..15
-    from anyfp4.formats.nvfp4 import pack_nibbles
-
-    w = NVFP4Weight(pack_nibbles(codes), torch.ones(1, 1).to(torch.float8_e4m3fn), torch.tensor(1.0))
-    word = prepack_nvfp4(w).codes[0, 0].item() & 0xFFFFFFFF
-    assert [(word >> (4 * i)) & 0xF for i in range(8)] == list(range(8))
+def test_tiles_and_word_bits():
+    """Every code and scale sits where tiled_word_offset / WORD_BITS / tiled_scale_offset say."""
+    n, k = 40, 512
+    w = random_weight(n, k, 3)
+    p = prepack_nvfp4(w)
+    words_per_row, blocks_per_row = p.codes.shape[1], p.scales.shape[1]
+    flat_codes = p.codes.reshape(-1).to(torch.int64) & 0xFFFFFFFF
+    flat_scales = p.scales.reshape(-1)
+    rows, cols = torch.meshgrid(torch.arange(n), torch.arange(k), indexing="ij")
+    word = flat_codes[tiled_word_offset(rows, cols // 8, words_per_row)]
+    i = cols % 8
+    lo2 = torch.tensor([b[0] for b in WORD_BITS])[i % 4] + 16 * (i // 4)
+    bit2 = torch.tensor([b[1] for b in WORD_BITS])[i % 4] + 16 * (i // 4)
+    sign = torch.tensor([b[2] for b in WORD_BITS])[i % 4] + 16 * (i // 4)
+    code = ((word >> lo2) & 3) | (((word >> bit2) & 1) << 2) | (((word >> sign) & 1) << 3)
+    nibbles = torch.stack([w.packed & 0xF, w.packed >> 4], -1).reshape(n, k).to(torch.int64)
+    assert torch.equal(code, nibbles)
+    rows, blocks = torch.meshgrid(torch.arange(n), torch.arange(k // 16), indexing="ij")
+    assert torch.equal(flat_scales[tiled_scale_offset(rows, blocks, blocks_per_row)], w.block_scale.view(torch.uint8))
+    # a 16 x 128 tile is one contiguous run of 256 words
+    assert tiled_word_offset(17, 16, words_per_row) == 256 * (words_per_row // 16) + 256 + 16
 
 
 def test_gated_round_trip():

@@ -44,35 +44,65 @@ def bf16_pair_const(c: int) -> torch.Tensor:
     return torch.tensor([c & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
 
 
+def decode_pair(w: torch.Tensor, p: int, bf16: bool) -> torch.Tensor:
+    """weight_mma.cu's decode_pair in torch (int64 words, logical shifts)."""
+    if bf16:
+        if p < 3:
+            return (w << (3 * p)) & 0x81C081C0
+        return ((w >> 4) & 0x00C000C0) | ((w >> 6) & 0x01000100) | ((w << 2) & 0x80008000)
+    if p < 3:
+        return ((w << (3 * p + 3)) & 0x0E000E00) | ((w << (3 * p)) & 0x80008000)
+    return ((w >> 1) & 0x06000600) | ((w >> 3) & 0x08000800) | ((w << 2) & 0x80008000)
+
+
 def test_nvfp4_pair_decode_and_scale_are_exact():
-    """decode_pair / scale_pair / their product, with the kernel's own constants, times the epilogue's unit,
-    equal e2m1 * bs exactly for every code and every non-negative E4M3 scale byte."""
+    """decode_pair on prepacked words / scale_pair / their product, with the kernel's own constants, times the
+    epilogue's unit, equal e2m1 * bs exactly for every code in every pair slot and every non-negative E4M3
+    scale byte."""
     from anyfp4.formats.fp8 import e4m3_decode as e4m3_to_float
     from anyfp4.formats.nvfp4 import e2m1_decode as e2m1_to_float
+    from anyfp4.kernels.nvfp4_prepack import _spread_words
 
     (c120, c_k), c16, units = kernel_constants()
-    codes = torch.arange(16, dtype=torch.int32)
-    v = codes | (codes.flip(0) << 16)  # code c in the low half, 15 - c in the high half
+    lo, hi = torch.meshgrid(torch.arange(16), torch.arange(16), indexing="ij")
+    lo, hi = lo.reshape(-1), hi.reshape(-1)  # every (first, second) code pair
+    e2m1 = torch.stack([e2m1_to_float(lo.to(torch.uint8)), e2m1_to_float(hi.to(torch.uint8))], -1).double()
     b = torch.arange(0, 0x7F, dtype=torch.int32)
-    e2m1 = torch.stack([e2m1_to_float(codes.to(torch.uint8)), e2m1_to_float(codes.flip(0).to(torch.uint8))], -1).double()
     bs = e4m3_to_float(b.to(torch.uint8)).double()
     want = e2m1[None] * bs[:, None, None]
-    # fp16: ((v & 0x70007) << 9) | ((v & 0x80008) << 12) = e2m1 * 2^-14; scale (b << 7) * constant = bs
-    w16 = halves(((v & 0x00070007) << 9) | ((v & 0x00080008) << 12), torch.float16)
-    assert torch.equal(w16, e2m1 * 2.0**-14)
     k16 = torch.tensor([c16 & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.float16)
     s16 = (halves((b << 7) | (b << 23), torch.float16)[:, 0].half() * k16).double()
     assert torch.equal(s16, bs)
-    prod16 = (w16[None].half() * s16[:, None, None].half()).double()  # one fp16 rounding, as mul.rn.f16x2
-    assert torch.equal(prod16 * units["fp16"], want)
-    # bf16: << 6 gives e2m1 * 2^-126 (code 1 a subnormal); (b << 4) times the two constants, one rounding each
-    w = halves(((v & 0x00070007) << 6) | ((v & 0x00080008) << 12), torch.bfloat16)
-    assert torch.equal(w, e2m1 * 2.0**-126)
     sb = halves((b << 4) | (b << 20), torch.bfloat16)[:, 0].bfloat16() * bf16_pair_const(c120)
     sb = sb.bfloat16() * bf16_pair_const(c_k)
-    prod = (w[None].bfloat16() * sb.bfloat16()[:, None, None]).double()
-    assert torch.equal(prod * units["BF16"], want)
-    assert prod[prod != 0].abs().min() >= 2.0**-18  # far from float32 subnormals once multiplied by activations
+    gen = torch.Generator().manual_seed(0)
+    for p in range(4):
+        others = torch.randint(0, 16, (lo.numel(), 8), generator=gen)  # the other six codes of the word: noise
+        others[:, p], others[:, p + 4] = lo, hi
+        words = sum(others[:, i].to(torch.int64) << (4 * i) for i in range(8))
+        spread = _spread_words(words.to(torch.int64).sub((words >> 31) << 32).to(torch.int32)).to(torch.int64)
+        spread &= 0xFFFFFFFF
+        # fp16: e2m1 * 2^-14; times bs in one fp16 rounding (mul.rn.f16x2) is exact
+        w16 = halves(decode_pair(spread, p, False).to(torch.int32), torch.float16)
+        assert torch.equal(w16, e2m1 * 2.0**-14), p
+        prod16 = (w16[None].half() * s16[:, None, None].half()).double()
+        assert torch.equal(prod16 * units["fp16"], want), p
+        # bf16: e2m1 * 2^-126 (code 1 a subnormal); times bs * 2^118 in one rounding is exact
+        w = halves(decode_pair(spread, p, True).to(torch.int32), torch.bfloat16)
+        assert torch.equal(w, e2m1 * 2.0**-126), p
+        prod = (w[None].bfloat16() * sb.bfloat16()[:, None, None]).double()
+        assert torch.equal(prod * units["BF16"], want), p
+        assert prod[prod != 0].abs().min() >= 2.0**-18  # far from float32 subnormals once times activations
+
+
+def test_decode_pair_is_the_kernels():
+    """The torch port above is the source's decode_pair, line for line."""
+    src = weight_mma._source()
+    for line in ["if (p < 3) return (w << (3 * p)) & 0x81C081C0u;",
+                 "return ((w >> 4) & 0x00C000C0u) | ((w >> 6) & 0x01000100u) | ((w << 2) & 0x80008000u);",
+                 "if (p < 3) return ((w << (3 * p + 3)) & 0x0E000E00u) | ((w << (3 * p)) & 0x80008000u);",
+                 "return ((w >> 1) & 0x06000600u) | ((w >> 3) & 0x08000800u) | ((w << 2) & 0x80008000u);"]:
+        assert line in src, line
 
 
 def test_fp8_pair_decode_is_exact():
@@ -87,8 +117,8 @@ def test_fp8_pair_decode_is_exact():
 
 
 def test_staging_permutation_matches_the_pairs():
-    """The activation order staged per 8-group meets the weight pairs the kernel forms: for NVFP4 pair h of a
-    word is (code h, code h + 4), for FP8 pairs are (byte 0, 2), (byte 1, 3) of each word."""
+    """The activation order staged per 8-group meets the weight pairs the kernel forms: for NVFP4 pair p of a
+    prepacked word is (code p, code p + 4), for FP8 pairs are (byte 0, 2), (byte 1, 3) of each word."""
     nvfp4_b_order = [0, 4, 1, 5, 2, 6, 3, 7]  # x halves of the uint4 the kernel loads: (x0,x4),(x1,x5),...
     nvfp4_a_order = [k for h in range(4) for k in (h, h + 4)]
     assert nvfp4_a_order == nvfp4_b_order

@@ -7,8 +7,8 @@ launch). Weights come from ``nvfp4_prepack.NVFP4Prepacked``.
 How a weight tile is decoded, all in integer bit arithmetic (no FP4/FP8 conversion
 instructions, so the same source compiles for sm_70 .. sm_90):
 
-- a 32-bit word holds 8 E2M1 codes; ``((c & 7) << 9) | ((c & 8) << 12)`` read as fp16 bits is
-  exactly ``e2m1(c) * 2^-14`` (subnormal 0.5 included);
+- a 32-bit word holds 8 E2M1 codes (``nvfp4_prepack.WORD_BITS``); magnitude at bits 9-11 and
+  sign at bit 15, read as fp16 bits, is exactly ``e2m1(c) * 2^-14`` (subnormal 0.5 included);
 - an E4M3 block-scale byte ``b >= 0``: ``(b << 7)`` read as fp16 bits is exactly ``bs * 2^-8``,
   times 256 gives ``bs`` (subnormals included);
 - ``e2m1 * bs * 2^-14`` is exact in fp16 (at most 6 significant bits, within [2^-24, 0.17]),
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..env import triton_interpret
-from .bit_decode import block_scale_fp16, e2m1_fp16, unpack_words
+from .bit_decode import block_scale_fp16, decode_words_fp16, tiled_scale_offset, tiled_word_offset
 from .nvfp4_dequant import round_to_output
 from .nvfp4_prepack import NVFP4Prepacked
 
@@ -50,9 +50,9 @@ class DecodeConfig:
 def _decode_weight_tile(codes_ptr, scales_ptr, offs_n, k0, stride_c, stride_s,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """(BLOCK_N, BLOCK_K) fp16 tile holding e2m1 * block_scale * 2^-14 (exact)."""
-    words = tl.load(codes_ptr + offs_n[:, None] * stride_c + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :])
-    w = e2m1_fp16(unpack_words(words, BLOCK_N, BLOCK_K))
-    sb = tl.load(scales_ptr + offs_n[:, None] * stride_s + (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :])
+    words = tl.load(codes_ptr + tiled_word_offset(offs_n[:, None], (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :], stride_c))
+    w = decode_words_fp16(words, BLOCK_N, BLOCK_K)
+    sb = tl.load(scales_ptr + tiled_scale_offset(offs_n[:, None], (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :], stride_s))
     s = block_scale_fp16(sb) * 256.0
     w = tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * s.to(tl.float16)[:, :, None]
     return tl.reshape(w, (BLOCK_N, BLOCK_K))

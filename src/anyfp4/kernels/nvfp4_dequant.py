@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..env import triton_interpret
-from .bit_decode import block_scale_fp16, e2m1_fp16, unpack_words
+from .bit_decode import block_scale_fp16, decode_words_fp16, tiled_scale_offset, tiled_word_offset
 from .nvfp4_prepack import NVFP4Prepacked
 
 
@@ -37,13 +37,14 @@ def nvfp4_dequant_kernel(
     stride_c, stride_s, stride_on,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    """codes/scales: prepack layout, rows ROW0 .. ROW0 + N; out: (N, K) fp16/bf16 row-major."""
+    """codes/scales: prepack layout (stride_c / stride_s: words / bytes per row), rows ROW0 .. ROW0 + N;
+    out: (N, K) fp16/bf16 row-major."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     rows = ROW0 + offs_n
-    words = tl.load(codes_ptr + rows[:, None] * stride_c + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :])
-    w = e2m1_fp16(unpack_words(words, BLOCK_N, BLOCK_K)).to(tl.float32)  # e2m1 * 2^-14, exact
-    sb = tl.load(scales_ptr + rows[:, None] * stride_s + (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :])
+    words = tl.load(codes_ptr + tiled_word_offset(rows[:, None], (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :], stride_c))
+    w = decode_words_fp16(words, BLOCK_N, BLOCK_K).to(tl.float32)  # e2m1 * 2^-14, exact
+    sb = tl.load(scales_ptr + tiled_scale_offset(rows[:, None], (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :], stride_s))
     s = block_scale_fp16(sb).to(tl.float32)  # block scale * 2^-8, exact
     # (e2m1 * 2^-14) * (bs * 2^-8) is exact; * 2^22 restores it; * global scale is the one rounding
     prod = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * s[:, :, None], (BLOCK_N, BLOCK_K)) * 4194304.0

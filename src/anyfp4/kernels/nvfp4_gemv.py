@@ -4,7 +4,7 @@ plain (+ bias) or gated (``silu(gate) * up``).
 Anatomy: ``@triton.jit`` kernel, launcher. Same prepack and split-K reduction as
 ``nvfp4_decode`` (whose epilogue and fixed-order reduce kernel this reuses), but no tensor cores:
 each program owns a few rows and a long K range, loads the code words of a row 16 bytes at a
-time, and for each of the 8 nibble positions decodes a whole word tile with integer bit
+time, and for each of the 8 code positions decodes a whole word tile with integer bit
 arithmetic and multiply-adds it with the matching activations in float32. Everything stays in
 the layout of the loaded words (no shared-memory round trip), which is what makes it faster
 than the tensor-core kernel at M = 1 (benchmarks/NOTES.md).
@@ -12,7 +12,7 @@ than the tensor-core kernel at M = 1 (benchmarks/NOTES.md).
 Per 16-element block the partial sum is multiplied by the block scale once: the E4M3 byte
 ``b`` shifted to ``b << 20`` is, as float32 bits, exactly ``bs * 2^-120`` (E4M3 subnormals land
 on float32 subnormals), and ``* 2^120`` restores ``bs``. E2M1 codes decode to fp16 bits
-``((c & 7) << 9) | ((c & 8) << 12)`` = ``e2m1 * 2^-14`` exactly, widened to float32; the
+(magnitude at 9-11, sign at 15) = ``e2m1 * 2^-14`` exactly, widened to float32; the
 epilogue multiplies by ``global_scale * 2^14``.
 """
 
@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..env import triton_interpret
-from .bit_decode import e2m1_fp16
+from .bit_decode import e2m1_fp16_at, tiled_scale_offset, tiled_word_offset
 from .nvfp4_decode import DecodeConfig, _epilogue, splitk_reduce_kernel
 from .nvfp4_prepack import NVFP4Prepacked
 
@@ -31,15 +31,14 @@ from .nvfp4_prepack import NVFP4Prepacked
 @triton.jit
 def _row_tile_dot(x_ptr, codes_ptr, scales_ptr, rows, t, j, K, stride_c, stride_s, BLOCK_K: tl.constexpr):
     """sum over one K tile of (e2m1 * 2^-14) * bs * x, per row: (BLOCK_N,) float32."""
-    words = tl.load(codes_ptr + rows[:, None] * stride_c + (t * (BLOCK_K // 8) + j)[None, :])
-    sb = tl.load(scales_ptr + rows[:, None] * stride_s + (t * (BLOCK_K // 16) + j // 2)[None, :])
+    words = tl.load(codes_ptr + tiled_word_offset(rows[:, None], (t * (BLOCK_K // 8) + j)[None, :], stride_c))
+    sb = tl.load(scales_ptr + tiled_scale_offset(rows[:, None], (t * (BLOCK_K // 16) + j // 2)[None, :], stride_s))
     scale = (sb.to(tl.int32) << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # * 2^120
     part = tl.zeros(words.shape, dtype=tl.float32)
     for i in tl.static_range(8):
         kk = t * BLOCK_K + j * 8 + i
         xi = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-        c = words >> (4 * i)
-        w = e2m1_fp16(c).to(tl.float32)
+        w = e2m1_fp16_at(words, i).to(tl.float32)
         part += w * xi[None, :]
     return tl.sum(part * scale, axis=1)
 

@@ -1,17 +1,27 @@
 """Prepack: ModelOpt NVFP4 tensors -> the resident layout the NVFP4 kernels read, and its inverse.
 
-Layout (``NVFP4Prepacked``), for a weight of N rows (out_features) and K columns (in_features):
+Layout (``NVFP4Prepacked``), for a weight of N rows (out_features) and K columns (in_features),
+padded to ``N_pad`` (a multiple of ``ROW_ALIGN``) and ``K_pad`` (a multiple of ``K_ALIGN``):
 
-- ``codes``: (N_pad, K_pad // 8) int32. Word ``j`` of row ``n`` holds the E2M1 codes of
-  ``k = 8j .. 8j + 7``, code ``8j + i`` in bits ``4i .. 4i + 3``. This is the checkpoint's byte
-  order read as little-endian 32-bit words, so a kernel fetches 8 weights per 4-byte load
-  and splits them with shifts; rows are contiguous so a tile of rows is read coalesced.
-- ``scales``: (N_pad, K_pad // 16) uint8, the raw E4M3 block-scale bytes (non-negative).
+- ``codes``: (N_pad, K_pad // 8) int32, stored in tiles of 16 rows x 128 k (``TILE_ROWS`` x
+  ``TILE_K``): tile (r // 16, k // 128) is 256 consecutive words, row-major inside (16 rows of
+  16 words), tiles of one row block in k order, row blocks in order. A decode kernel's warp
+  reads one tile per step as one contiguous 1 KiB stretch (``tiled_word_offset``); the 2-D shape
+  only keeps the byte count (every 16 rows of it are one row block, so gate and up halves stack
+  with ``torch.cat``).
+- inside a word, the 8 codes of ``k = 8j .. 8j + 7`` (checkpoint codes c0..c7) sit as four
+  pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) — the first code in bits 0-15, the second the
+  same bits + 16 — each code's magnitude (3 bits) and sign placed so that most pairs become a
+  bf16 pair with one shift and one mask (``WORD_BITS``: pair 0: magnitude bits 6-8, sign 15;
+  pair 1: 3-5, 12; pair 2: 0-2, 9; pair 3: magnitude bits 0-1 at 10-11, bit 2 at 14, sign 13).
+  ``(w << 3p) & 0x81C081C0`` is then pair p = 0, 1, 2 as bf16 bits ``e2m1 * 2^-126``.
+- ``scales``: (N_pad, K_pad // 16) uint8, the raw E4M3 block-scale bytes (non-negative) in the
+  same tiles: per 16 rows x 128 k, 128 bytes ordered (row % 8, block // 2, row // 8, block % 2),
+  so a thread of the CUDA kernel gets the four scales it needs in one 32-bit load.
 - ``global_scale``: (1,) float32 on the device, so no host sync is needed to read it.
 
-``N_pad`` rounds N up to ``ROW_ALIGN`` and ``K_pad`` rounds K up to ``K_ALIGN``; padding holds
-code 0 (value 0) and scale 0, so padded rows and columns contribute exact zeros and the
-kernels crop the output to N. Activations are never padded: kernels mask k >= K.
+Padding holds code 0 (value 0) and scale 0, so padded rows and columns contribute exact zeros
+and the kernels crop the output to N. Activations are never padded: kernels mask k >= K.
 """
 
 from __future__ import annotations
@@ -24,6 +34,9 @@ from ..formats.nvfp4 import GROUP_SIZE, NVFP4Weight
 
 ROW_ALIGN = 128  # the largest row tile of any NVFP4 kernel configuration
 K_ALIGN = 256  # the largest K tile
+TILE_ROWS, TILE_K = 16, 128  # the storage tile of codes and scales
+# (pair, low bit of magnitude bits 0-1, position of magnitude bit 2, sign position) within 16 bits
+WORD_BITS = ((6, 8, 15), (3, 5, 12), (0, 2, 9), (10, 14, 13))
 
 
 def _round_up(v: int, m: int) -> int:
@@ -57,12 +70,13 @@ def prepack_nvfp4(weight: NVFP4Weight, device: torch.device | str | None = None)
     codes[:n, : k // 2] = weight.packed.to(device)
     scales = torch.zeros(n_pad, k_pad // GROUP_SIZE, dtype=torch.uint8, device=device)
     scales[:n, : k // GROUP_SIZE] = weight.block_scale.to(device).view(torch.uint8)
+    codes, scales = _tile_codes(_spread_words(codes.view(torch.int32))), _tile_scales(scales)
     global_scale = weight.global_scale.to(device=device, dtype=torch.float32).reshape(1).clone()
     if device.type == "cuda":
         from .weight_mma import reserve_counters
 
         reserve_counters(device)
-    return NVFP4Prepacked(codes.view(torch.int32), scales, global_scale, n, k)
+    return NVFP4Prepacked(codes, scales, global_scale, n, k)
 
 
 def prepack_nvfp4_gated(gate: NVFP4Weight, up: NVFP4Weight, device: torch.device | str | None = None) -> NVFP4Prepacked:
@@ -78,10 +92,80 @@ def prepack_nvfp4_gated(gate: NVFP4Weight, up: NVFP4Weight, device: torch.device
                           gate.shape[0], gate.shape[1], up_offset=half)
 
 
+def _spread_words(words: torch.Tensor) -> torch.Tensor:
+    """Checkpoint-order words (code i in bits 4i..4i+3) -> the pair layout of ``WORD_BITS``."""
+    u = words.to(torch.int64) & 0xFFFFFFFF
+    out = torch.zeros_like(u)
+    for i in range(8):
+        (lo2, bit2, sign), base = WORD_BITS[i % 4], 16 * (i // 4)
+        c = (u >> (4 * i)) & 0xF
+        out |= ((c & 3) << (base + lo2)) | (((c >> 2) & 1) << (base + bit2)) | ((c >> 3) << (base + sign))
+    return (out - ((out >> 31) << 32)).to(torch.int32)
+
+
+def _gather_words(words: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``_spread_words``."""
+    u = words.to(torch.int64) & 0xFFFFFFFF
+    out = torch.zeros_like(u)
+    for i in range(8):
+        (lo2, bit2, sign), base = WORD_BITS[i % 4], 16 * (i // 4)
+        c = ((u >> (base + lo2)) & 3) | (((u >> (base + bit2)) & 1) << 2) | (((u >> (base + sign)) & 1) << 3)
+        out |= c << (4 * i)
+    return (out - ((out >> 31) << 32)).to(torch.int32)
+
+
+def _tile_codes(words: torch.Tensor) -> torch.Tensor:
+    n, kw = words.shape
+    tw = TILE_K // 8
+    return words.view(n // TILE_ROWS, TILE_ROWS, kw // tw, tw).permute(0, 2, 1, 3).contiguous().view(n, kw)
+
+
+def _untile_codes(words: torch.Tensor) -> torch.Tensor:
+    n, kw = words.shape
+    tw = TILE_K // 8
+    return words.view(n // TILE_ROWS, kw // tw, TILE_ROWS, tw).permute(0, 2, 1, 3).contiguous().view(n, kw)
+
+
+def _tile_scales(scales: torch.Tensor) -> torch.Tensor:
+    """(rows, blocks) -> per 16 x 8 tile the order (row % 8, block // 2, row // 8, block % 2)."""
+    n, kb = scales.shape
+    tb = TILE_K // GROUP_SIZE
+    v = scales.view(n // TILE_ROWS, 2, 8, kb // tb, tb // 2, 2)  # (tile, row // 8, row % 8, step, block // 2, block % 2)
+    return v.permute(0, 3, 2, 4, 1, 5).contiguous().view(n, kb)
+
+
+def _untile_scales(scales: torch.Tensor) -> torch.Tensor:
+    n, kb = scales.shape
+    tb = TILE_K // GROUP_SIZE
+    v = scales.view(n // TILE_ROWS, kb // tb, 8, tb // 2, 2, 2)  # (tile, step, row % 8, block // 2, row // 8, block % 2)
+    return v.permute(0, 4, 2, 1, 3, 5).contiguous().view(n, kb)
+
+
+def tiled_word_offset(row, word, words_per_row: int):
+    """Index in the flat ``codes`` of word ``word`` (k // 8) of weight row ``row`` (ints or int tensors)."""
+    tw = TILE_K // 8
+    return (row // TILE_ROWS) * (TILE_ROWS * words_per_row) + (word // tw) * (TILE_ROWS * tw) + (row % TILE_ROWS) * tw + word % tw
+
+
+def tiled_scale_offset(row, block, blocks_per_row: int):
+    """Index in the flat ``scales`` of block ``block`` (k // 16) of weight row ``row``."""
+    tb = TILE_K // GROUP_SIZE
+    b = block % tb
+    inside = (row % 8) * (2 * tb) + (b // 2) * 4 + ((row % TILE_ROWS) // 8) * 2 + b % 2
+    return (row // TILE_ROWS) * (TILE_ROWS * blocks_per_row) + (block // tb) * (TILE_ROWS * tb) + inside
+
+
+def checkpoint_order(p: NVFP4Prepacked) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes (N_pad, K_pad // 2) uint8, scales (N_pad, K_pad // 16) uint8) in the checkpoint's own
+    row-major order and nibble order, padding included."""
+    return _gather_words(_untile_codes(p.codes)).view(torch.uint8), _untile_scales(p.scales)
+
+
 def _crop(p: NVFP4Prepacked, row0: int) -> NVFP4Weight:
     n, k = p.out_features, p.in_features
-    packed = p.codes.view(torch.uint8)[row0:row0 + n, : k // 2].contiguous()
-    scales = p.scales[row0:row0 + n, : k // GROUP_SIZE].contiguous().view(torch.float8_e4m3fn)
+    codes, scales = checkpoint_order(p)
+    packed = codes[row0:row0 + n, : k // 2].contiguous()
+    scales = scales[row0:row0 + n, : k // GROUP_SIZE].contiguous().view(torch.float8_e4m3fn)
     return NVFP4Weight(packed, scales, p.global_scale.reshape(()).clone())
 
 

@@ -2,23 +2,26 @@
 // weights (FP8 = 0) and FP8 E4M3 weights (FP8 = 1); activations fp16 or bf16.
 //
 // out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), or silu(gate) * up for a gated prepack.
-// NVFP4 prepack (nvfp4_prepack.py): codes int32 [N_pad, K_pad/8], code k = 8j+i in bits 4i..4i+3 of word j;
-// scales uint8 [N_pad, K_pad/16]; one float32 global scale. FP8 prepack (fp8_linear.py): codes int32
-// [N_pad, K_pad/4], byte k = 4j+i in bits 8i..8i+7 of word j; one float32 scale per row.
+// NVFP4 prepack (nvfp4_prepack.py): codes in tiles of 16 rows x 128 k (256 words, row-major inside), each
+// word holding the pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of its 8 codes (WORD_BITS there); scales in
+// the same tiles, 128 bytes ordered (row % 8, block / 2, row / 8, block % 2); one float32 global scale. FP8
+// prepack (fp8_linear.py): codes int32 [N_pad, K_pad/4] row-major, byte k = 4j+i in bits 8i..8i+7 of word j;
+// one float32 scale per row.
 //
 // The weight is the mma's A operand (16 rows x 16 k), the activations its B operand (16 k x 8 columns, one
 // column per activation row), so M = 1..8 costs one n8 tile and decode work is shared by all M columns.
 // The k order inside an mma is free as long as A and B agree, and each thread owns its own k slots. A thread
 // (g = lane / 4, t = lane % 4) loads 16 bytes of codes per row for rows g and g + 8 per step (NVFP4: 32 k of a
-// 128-wide step, 2 mmas per word; FP8: 16 k of a 64-wide step, 1 mma per word) and feeds them to the mmas
-// straight from registers:
-//   - NVFP4: codes h and h + 4 of a word sit 16 bits apart, so one shift and mask decodes them into a pair:
-//     ((v & 0x00070007) << 9) | ((v & 0x00080008) << 12) is e2m1 * 2^-14 in each fp16 half, exactly; times the
-//     block scale bs (fp16, exact) gives e2m1 * bs * 2^-14, exact in fp16 (<= 8 significant bits, within
-//     [2^-24, 0.17]). In bf16 the same spread with << 6 is e2m1 * 2^-126 (code 1 a subnormal), the scale enters
-//     as bs * 2^118 (bf16 bits (b << 4) are bs * 2^-120, times 2^120, times 2^118), and the product
-//     e2m1 * bs * 2^-8 is a normal bf16, exact (<= 6 significant bits, within [2^-18, 10.5]), so its products
-//     with the activations stay far from float32's subnormal range.
+// 128-wide step, 2 mmas per word, the warp's loads one contiguous 1 KiB tile; FP8: 16 k of a 64-wide step,
+// 1 mma per word) and feeds them to the mmas straight from registers:
+//   - NVFP4: the two codes of a pair sit 16 bits apart with magnitude and sign placed for the bf16 layout:
+//     (w << 3p) & 0x81C081C0 is pair p = 0, 1, 2 as bf16 e2m1 * 2^-126 in each half (code 1 a subnormal),
+//     pair 3 takes three shifts (decode_pair_bf16); the fp16 forms put the magnitude at bits 9-11 instead
+//     (e2m1 * 2^-14). Times the block scale: in fp16 bs (exact) gives e2m1 * bs * 2^-14, exact (<= 8
+//     significant bits, within [2^-24, 0.17]); in bf16 the scale enters as bs * 2^118 (bf16 bits (b << 4) are
+//     bs * 2^-120, times 2^120, times 2^118) and the product e2m1 * bs * 2^-8 is a normal bf16, exact (<= 6
+//     significant bits, within [2^-18, 10.5]), so its products with the activations stay far from float32's
+//     subnormal range.
 //   - FP8: bytes 0, 2 and 1, 3 of a word sit 16 bits apart: ((p & 0x007F007F) << 7) | ((p & 0x00800080) << 8)
 //     is e4m3 * 2^-8 in fp16, exactly (subnormals included); in bf16 (<< 4) it is e4m3 * 2^-120, times 2^120.
 //   - the activations are staged once per block in shared memory, permuted so that one load gives the B halves
@@ -54,15 +57,16 @@ typedef unsigned short u16;
 #define STEP 128
 #endif
 
+// NVFP4 pair p (0..3) of a prepacked word w -> two fp16/bf16 values (see nvfp4_prepack.WORD_BITS: pair p < 3
+// has magnitude bits 6-3p .. 8-3p and sign 15-3p; pair 3 magnitude bits 0-1 at 10-11, bit 2 at 14, sign 13).
+__device__ __forceinline__ u32 decode_pair(u32 w, int p) {
 #if BF16
-#define MAG_SHIFT 6
+    if (p < 3) return (w << (3 * p)) & 0x81C081C0u;
+    return ((w >> 4) & 0x00C000C0u) | ((w >> 6) & 0x01000100u) | ((w << 2) & 0x80008000u);
 #else
-#define MAG_SHIFT 9
+    if (p < 3) return ((w << (3 * p + 3)) & 0x0E000E00u) | ((w << (3 * p)) & 0x80008000u);
+    return ((w >> 1) & 0x06000600u) | ((w >> 3) & 0x08000800u) | ((w << 2) & 0x80008000u);
 #endif
-
-// NVFP4 codes h and h + 4 of a word, shifted down to bits 0-3 and 16-19 of v -> two fp16/bf16 values.
-__device__ __forceinline__ u32 decode_pair(u32 v) {
-    return ((v & 0x00070007u) << MAG_SHIFT) | ((v & 0x00080008u) << 12);
 }
 
 __device__ __forceinline__ u32 mul2(u32 a, u32 b) {
@@ -192,31 +196,41 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.0f;
 
+    // Per step s: NVFP4 codes cptr[a][s * W_STEP] (row g) and [s * W_STEP + W_B] (row g + 8), scales (NVFP4: one
+    // 32-bit word, the bytes of row g then row g + 8) sptr[a][s * S_STEP]. NVFP4 tiles hold 16 rows x 128 k.
     const uint4* cptr[TILES];
-    const u16* sptr[TILES];
+    const u32* sptr[TILES];
     int rows[TILES];
 #pragma unroll
     for (int a = 0; a < TILES; ++a) {
         rows[a] = (a < MT ? row0 + a * 16 : up_offset + row0 + (a - MT) * 16) + g;
+#if FP8
         cptr[a] = codes + (long long)rows[a] * stride_c4 + t;
-        sptr[a] = scales + (long long)rows[a] * stride_s2 + t;  // FP8: unused
+        sptr[a] = nullptr;
+#else
+        cptr[a] = codes + (long long)(rows[a] - g) * stride_c4 + lane;  // the row block's first tile
+        sptr[a] = reinterpret_cast<const u32*>(scales + (long long)(rows[a] - g) * stride_s2) + lane;
+#endif
     }
-    const long long c8 = 8LL * stride_c4, s8 = 8LL * stride_s2;  // row g -> row g + 8
+#if FP8
+    const long long W_STEP = 4, W_B = 8LL * stride_c4;  // row-major: row g -> row g + 8
+#else
+    const long long W_STEP = 64, W_B = 32, S_STEP = 32;  // one 1 KiB code tile, 128 scale bytes per step
+#endif
 
     // Register ring of DEPTH steps: slot d holds step s0 + d; after its mmas it is refilled with step s0 + d + DEPTH.
     uint4 wa[DEPTH][TILES], wb[DEPTH][TILES];
-    u32 sa[DEPTH][TILES], sb[DEPTH][TILES];
+    u32 sw[DEPTH][TILES];
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d)
 #pragma unroll
         for (int a = 0; a < TILES; ++a)
             if (s_beg + d < s_end) {
                 const int s = s_beg + d;
-                wa[d][a] = cptr[a][s * 4];
-                wb[d][a] = cptr[a][c8 + s * 4];
+                wa[d][a] = cptr[a][s * W_STEP];
+                wb[d][a] = cptr[a][s * W_STEP + W_B];
 #if !FP8
-                sa[d][a] = sptr[a][s * 4];
-                sb[d][a] = sptr[a][s8 + s * 4];
+                sw[d][a] = sptr[a][s * S_STEP];
 #endif
             }
 
@@ -262,11 +276,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 uint2 bx[NT];
 #pragma unroll
                 for (int b = 0; b < NT; ++b) {
-                    if (b * 8 + g < M) {
-                        bx[b] = *reinterpret_cast<const uint2*>(&xs[(b * 8 + g) * xs_stride + xoff + q * 2]);
-                    } else {
-                        bx[b] = make_uint2(0u, 0u);
-                    }
+                    // columns m >= M hold a copy of row M - 1: their outputs are never stored
+                    bx[b] = *reinterpret_cast<const uint2*>(&xs[min(b * 8 + g, M - 1) * xs_stride + xoff + q * 2]);
                 }
 #pragma unroll
                 for (int a = 0; a < TILES; ++a) {
@@ -283,22 +294,18 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 uint4 bx[NT];
 #pragma unroll
                 for (int b = 0; b < NT; ++b) {
-                    if (b * 8 + g < M) {
-                        bx[b] = *reinterpret_cast<const uint4*>(&xs[(b * 8 + g) * xs_stride + xoff + q * 4]);
-                    } else {
-                        bx[b] = make_uint4(0u, 0u, 0u, 0u);
-                    }
+                    bx[b] = *reinterpret_cast<const uint4*>(&xs[min(b * 8 + g, M - 1) * xs_stride + xoff + q * 4]);
                 }
 #pragma unroll
                 for (int a = 0; a < TILES; ++a) {
                     const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
-                    const u32 bsa = scale_pair((sa[d][a] >> (8 * (q >> 1))) & 0xFFu);
-                    const u32 bsb = scale_pair((sb[d][a] >> (8 * (q >> 1))) & 0xFFu);
+                    const u32 bsa = scale_pair((sw[d][a] >> (8 * (q >> 1))) & 0xFFu);  // word q: block 2t + q / 2
+                    const u32 bsb = scale_pair((sw[d][a] >> (16 + 8 * (q >> 1))) & 0xFFu);
                     u32 ha[4], hb[4];
 #pragma unroll
-                    for (int h = 0; h < 4; ++h) {
-                        ha[h] = mul2(decode_pair(va >> (4 * h)), bsa);
-                        hb[h] = mul2(decode_pair(vb >> (4 * h)), bsb);
+                    for (int p = 0; p < 4; ++p) {
+                        ha[p] = mul2(decode_pair(va, p), bsa);
+                        hb[p] = mul2(decode_pair(vb, p), bsb);
                     }
 #pragma unroll
                     for (int b = 0; b < NT; ++b) {
@@ -312,11 +319,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 const int sn = s + DEPTH;
 #pragma unroll
                 for (int a = 0; a < TILES; ++a) {
-                    wa[d][a] = cptr[a][sn * 4];
-                    wb[d][a] = cptr[a][c8 + sn * 4];
+                    wa[d][a] = cptr[a][sn * W_STEP];
+                    wb[d][a] = cptr[a][sn * W_STEP + W_B];
 #if !FP8
-                    sa[d][a] = sptr[a][sn * 4];
-                    sb[d][a] = sptr[a][s8 + sn * 4];
+                    sw[d][a] = sptr[a][sn * S_STEP];
 #endif
                 }
             }
