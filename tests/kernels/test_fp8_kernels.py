@@ -31,6 +31,18 @@ def test_prepack_round_trip(per_channel):
     assert torch.equal(dequantize_fp8(back), dequantize_fp8(w))
 
 
+def test_words_are_stored_in_16_by_16_tiles():
+    from anyfp4.kernels.nvfp4_prepack import tiled_word_offset
+
+    n, k = 40, 512
+    w = FP8Weight(torch.randint(0, 0x7F, (n, k), dtype=torch.uint8).view(torch.float8_e4m3fn), torch.tensor(0.5))
+    p = prepack_fp8(w)
+    flat = p.codes.reshape(-1)
+    rows, words = torch.meshgrid(torch.arange(n), torch.arange(k // 4), indexing="ij")
+    stored = flat[tiled_word_offset(rows, words, p.codes.shape[1])].contiguous().view(torch.uint8).view(n, k)
+    assert torch.equal(stored, w.weight.view(torch.uint8))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dequant_bit_exact(device, dtype):
     w = random_fp8(40, 272, torch.Generator().manual_seed(1), True, device)

@@ -1,7 +1,9 @@
 """FP8 (E4M3) weight-only linear: prepack, an M = 1 GEMV kernel, and dequantize + cuBLAS otherwise.
 
 Prepack (``FP8Prepacked``): ``codes`` (N_pad, K_pad // 4) int32, word ``j`` of a row holding the
-E4M3 bytes of ``k = 4j .. 4j + 3`` (checkpoint byte order); ``scales`` (N_pad,) float32 per
+E4M3 bytes of ``k = 4j .. 4j + 3`` (checkpoint byte order), the words stored in tiles of 16 rows x
+16 words (64 k) like the NVFP4 prepack's (``nvfp4_prepack.tile_words``: one contiguous 1 KiB read per
+warp and step of the CUDA kernel); ``scales`` (N_pad,) float32 per
 output channel (a per-tensor scale is broadcast, so fused projections concatenate exactly);
 padding holds zeros. A gated prepack stacks gate and up, up starting at row ``up_offset``.
 
@@ -20,9 +22,9 @@ import triton.language as tl
 
 from ..env import triton_interpret
 from ..formats.fp8 import FP8Weight
-from .bit_decode import e4m3_fp16
+from .bit_decode import e4m3_fp16, tiled_word_offset
 from .nvfp4_dequant import round_to_output, workspace
-from .nvfp4_prepack import K_ALIGN, ROW_ALIGN, _round_up
+from .nvfp4_prepack import K_ALIGN, ROW_ALIGN, _round_up, tile_words, untile_words
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ def _pad(weight: FP8Weight, device) -> tuple[torch.Tensor, torch.Tensor]:
         from .weight_mma import reserve_counters
 
         reserve_counters(torch.device(device))
-    return codes.view(torch.int32), scales
+    return tile_words(codes.view(torch.int32)), scales
 
 
 def prepack_fp8(weight: FP8Weight, device=None) -> FP8Prepacked:
@@ -70,13 +72,13 @@ def prepack_fp8_gated(gate: FP8Weight, up: FP8Weight, device=None) -> FP8Prepack
 def unprepack_fp8(p: FP8Prepacked, row0: int = 0) -> FP8Weight:
     """The exact inverse of the prepack (scales per channel); ``row0 = up_offset`` gives the up half."""
     n, k = p.out_features, p.in_features
-    weight = p.codes.view(torch.uint8)[row0:row0 + n, :k].contiguous().view(torch.float8_e4m3fn)
+    weight = untile_words(p.codes).view(torch.uint8)[row0:row0 + n, :k].contiguous().view(torch.float8_e4m3fn)
     return FP8Weight(weight, p.scales[row0:row0 + n].clone())
 
 
 @triton.jit
 def _fp8_row_tile(x_ptr, codes_ptr, rows, t, j, K, stride_c, BLOCK_K: tl.constexpr):
-    words = tl.load(codes_ptr + rows[:, None] * stride_c + (t * (BLOCK_K // 4) + j)[None, :])
+    words = tl.load(codes_ptr + tiled_word_offset(rows[:, None], (t * (BLOCK_K // 4) + j)[None, :], stride_c))
     part = tl.zeros(words.shape, dtype=tl.float32)
     for i in tl.static_range(4):
         kk = t * BLOCK_K + j * 4 + i
@@ -120,7 +122,7 @@ def fp8_dequant_kernel(codes_ptr, scales_ptr, out_ptr, N, K, ROW0, stride_c, str
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     rows = ROW0 + offs_n
-    words = tl.load(codes_ptr + rows[:, None] * stride_c + (k0 // 4 + tl.arange(0, BLOCK_K // 4))[None, :])
+    words = tl.load(codes_ptr + tiled_word_offset(rows[:, None], (k0 // 4 + tl.arange(0, BLOCK_K // 4))[None, :], stride_c))
     b = tl.reshape((words[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]), (BLOCK_N, BLOCK_K))
     w = e4m3_fp16(b).to(tl.float32)
     y = (w * 256.0) * tl.load(scales_ptr + rows)[:, None]

@@ -70,7 +70,7 @@ def prepack_nvfp4(weight: NVFP4Weight, device: torch.device | str | None = None)
     codes[:n, : k // 2] = weight.packed.to(device)
     scales = torch.zeros(n_pad, k_pad // GROUP_SIZE, dtype=torch.uint8, device=device)
     scales[:n, : k // GROUP_SIZE] = weight.block_scale.to(device).view(torch.uint8)
-    codes, scales = _tile_codes(_spread_words(codes.view(torch.int32))), _tile_scales(scales)
+    codes, scales = tile_words(_spread_words(codes.view(torch.int32))), _tile_scales(scales)
     global_scale = weight.global_scale.to(device=device, dtype=torch.float32).reshape(1).clone()
     if device.type == "cuda":
         from .weight_mma import reserve_counters
@@ -114,13 +114,15 @@ def _gather_words(words: torch.Tensor) -> torch.Tensor:
     return (out - ((out >> 31) << 32)).to(torch.int32)
 
 
-def _tile_codes(words: torch.Tensor) -> torch.Tensor:
+def tile_words(words: torch.Tensor) -> torch.Tensor:
+    """(rows, words) row-major -> tiles of 16 rows x 16 words, row-major inside, in (row block, word block)
+    order (the FP8 prepack stores its byte words the same way: 16 rows x 64 k)."""
     n, kw = words.shape
     tw = TILE_K // 8
     return words.view(n // TILE_ROWS, TILE_ROWS, kw // tw, tw).permute(0, 2, 1, 3).contiguous().view(n, kw)
 
 
-def _untile_codes(words: torch.Tensor) -> torch.Tensor:
+def untile_words(words: torch.Tensor) -> torch.Tensor:
     n, kw = words.shape
     tw = TILE_K // 8
     return words.view(n // TILE_ROWS, kw // tw, TILE_ROWS, tw).permute(0, 2, 1, 3).contiguous().view(n, kw)
@@ -158,7 +160,7 @@ def tiled_scale_offset(row, block, blocks_per_row: int):
 def checkpoint_order(p: NVFP4Prepacked) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes (N_pad, K_pad // 2) uint8, scales (N_pad, K_pad // 16) uint8) in the checkpoint's own
     row-major order and nibble order, padding included."""
-    return _gather_words(_untile_codes(p.codes)).view(torch.uint8), _untile_scales(p.scales)
+    return _gather_words(untile_words(p.codes)).view(torch.uint8), _untile_scales(p.scales)
 
 
 def _crop(p: NVFP4Prepacked, row0: int) -> NVFP4Weight:

@@ -5,15 +5,15 @@
 // NVFP4 prepack (nvfp4_prepack.py): codes in tiles of 16 rows x 128 k (256 words, row-major inside), each
 // word holding the pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of its 8 codes (WORD_BITS there); scales in
 // the same tiles, 128 bytes ordered (row % 8, block / 2, row / 8, block % 2); one float32 global scale. FP8
-// prepack (fp8_linear.py): codes int32 [N_pad, K_pad/4] row-major, byte k = 4j+i in bits 8i..8i+7 of word j;
+// prepack (fp8_linear.py): byte k = 4j+i in bits 8i..8i+7 of word j, words in the same 16 x 16 tiles (64 k);
 // one float32 scale per row.
 //
 // The weight is the mma's A operand (16 rows x 16 k), the activations its B operand (16 k x 8 columns, one
 // column per activation row), so M = 1..8 costs one n8 tile and decode work is shared by all M columns.
 // The k order inside an mma is free as long as A and B agree, and each thread owns its own k slots. A thread
 // (g = lane / 4, t = lane % 4) loads 16 bytes of codes per row for rows g and g + 8 per step (NVFP4: 32 k of a
-// 128-wide step, 2 mmas per word, the warp's loads one contiguous 1 KiB tile; FP8: 16 k of a 64-wide step,
-// 1 mma per word) and feeds them to the mmas straight from registers:
+// 128-wide step, 2 mmas per word; FP8: 16 k of a 64-wide step, 1 mma per word; a warp's loads are one
+// contiguous 1 KiB tile) and feeds them to the mmas straight from registers:
 //   - NVFP4: the two codes of a pair sit 16 bits apart with magnitude and sign placed for the bf16 layout:
 //     (w << 3p) & 0x81C081C0 is pair p = 0, 1, 2 as bf16 e2m1 * 2^-126 in each half (code 1 a subnormal),
 //     pair 3 takes three shifts (decode_pair_bf16); the fp16 forms put the magnitude at bits 9-11 instead
@@ -196,27 +196,22 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.0f;
 
-    // Per step s: NVFP4 codes cptr[a][s * W_STEP] (row g) and [s * W_STEP + W_B] (row g + 8), scales (NVFP4: one
-    // 32-bit word, the bytes of row g then row g + 8) sptr[a][s * S_STEP]. NVFP4 tiles hold 16 rows x 128 k.
+    // Per step s: codes cptr[a][s * W_STEP] (row g) and [s * W_STEP + W_B] (row g + 8) from a tile of 16 rows x
+    // 16 words (NVFP4 128 k, FP8 64 k); NVFP4 scales sptr[a][s * S_STEP] (the bytes of row g, then row g + 8).
     const uint4* cptr[TILES];
     const u32* sptr[TILES];
     int rows[TILES];
 #pragma unroll
     for (int a = 0; a < TILES; ++a) {
         rows[a] = (a < MT ? row0 + a * 16 : up_offset + row0 + (a - MT) * 16) + g;
+        cptr[a] = codes + (long long)(rows[a] - g) * stride_c4 + lane;  // the row block's first tile
 #if FP8
-        cptr[a] = codes + (long long)rows[a] * stride_c4 + t;
         sptr[a] = nullptr;
 #else
-        cptr[a] = codes + (long long)(rows[a] - g) * stride_c4 + lane;  // the row block's first tile
         sptr[a] = reinterpret_cast<const u32*>(scales + (long long)(rows[a] - g) * stride_s2) + lane;
 #endif
     }
-#if FP8
-    const long long W_STEP = 4, W_B = 8LL * stride_c4;  // row-major: row g -> row g + 8
-#else
-    const long long W_STEP = 64, W_B = 32, S_STEP = 32;  // one 1 KiB code tile, 128 scale bytes per step
-#endif
+    const int W_STEP = 64, W_B = 32, S_STEP = 32;  // one 1 KiB code tile, 128 NVFP4 scale bytes per step
 
     // Register ring of DEPTH steps: slot d holds step s0 + d; after its mmas it is refilled with step s0 + d + DEPTH.
     uint4 wa[DEPTH][TILES], wb[DEPTH][TILES];
