@@ -126,7 +126,8 @@ def act_pack_auto(sm: int, m: int) -> bool:
 
 # CUDA tensor-core decode kernel (weight_mma): (sm, format, gated, K, N, M-bucket) -> MMAConfig, the fastest of
 # the sweep in `benchmarks/probes/mma_sweep.py` (sm_90: one H200, benchmarks/results/nvfp4_mma_sweep_h200.json and
-# fp8_mma_sweep_h200.json).
+# fp8_mma_sweep_h200.json; the M = 1 entries of 14336x4096, 4096x14336, 28672x8192 and gated 2x14336x4096 re-swept
+# for the tiled prepack: nvfp4_mma_sweep_tiled_h200.json).
 MMA_LAUNCH_TABLE: dict[tuple[int, str, bool, int, int, int], MMAConfig] = {
     (90, "nvfp4", False, 4096, 4096, 1): MMAConfig(1, 8, 8, 2),
     (90, "nvfp4", False, 4096, 4096, 2): MMAConfig(1, 4, 8, 2),
@@ -140,7 +141,7 @@ MMA_LAUNCH_TABLE: dict[tuple[int, str, bool, int, int, int], MMAConfig] = {
     (90, "nvfp4", False, 4096, 14336, 8): MMAConfig(1, 8, 2, 4),
     (90, "nvfp4", False, 4096, 14336, 16): MMAConfig(1, 8, 1, 4),
     (90, "nvfp4", False, 4096, 14336, 32): MMAConfig(1, 8, 2, 2),
-    (90, "nvfp4", False, 14336, 4096, 1): MMAConfig(1, 8, 8, 4),
+    (90, "nvfp4", False, 14336, 4096, 1): MMAConfig(1, 8, 8, 2),
     (90, "nvfp4", False, 14336, 4096, 2): MMAConfig(1, 8, 8, 4),
     (90, "nvfp4", False, 14336, 4096, 4): MMAConfig(1, 8, 8, 4),
     (90, "nvfp4", False, 14336, 4096, 8): MMAConfig(1, 8, 8, 4),
@@ -176,7 +177,7 @@ MMA_LAUNCH_TABLE: dict[tuple[int, str, bool, int, int, int], MMAConfig] = {
     (90, "nvfp4", False, 5120, 62080, 8): MMAConfig(2, 4, 1, 2),
     (90, "nvfp4", False, 5120, 62080, 16): MMAConfig(2, 4, 1, 2),
     (90, "nvfp4", False, 5120, 62080, 32): MMAConfig(1, 8, 1, 2),
-    (90, "nvfp4", False, 8192, 28672, 1): MMAConfig(1, 4, 8, 2),
+    (90, "nvfp4", False, 8192, 28672, 1): MMAConfig(1, 8, 1, 8),
     (90, "nvfp4", False, 8192, 28672, 2): MMAConfig(1, 8, 1, 4),
     (90, "nvfp4", False, 8192, 28672, 4): MMAConfig(1, 8, 1, 4),
     (90, "nvfp4", False, 8192, 28672, 8): MMAConfig(1, 8, 1, 4),
@@ -194,7 +195,7 @@ MMA_LAUNCH_TABLE: dict[tuple[int, str, bool, int, int, int], MMAConfig] = {
     (90, "nvfp4", False, 7168, 4096, 8): MMAConfig(1, 8, 8, 2),
     (90, "nvfp4", True, 4096, 7168, 1): MMAConfig(1, 4, 8, 2),
     (90, "nvfp4", True, 4096, 7168, 8): MMAConfig(1, 8, 4, 2),
-    (90, "nvfp4", True, 4096, 14336, 1): MMAConfig(1, 4, 4, 2),
+    (90, "nvfp4", True, 4096, 14336, 1): MMAConfig(1, 8, 2, 2),
     (90, "nvfp4", True, 4096, 14336, 2): MMAConfig(1, 4, 4, 2),
     (90, "nvfp4", True, 4096, 14336, 4): MMAConfig(1, 4, 4, 2),
     (90, "nvfp4", True, 4096, 14336, 8): MMAConfig(1, 8, 2, 2),
