@@ -145,6 +145,15 @@ def test_every_variant_compiles(sm):
         assert cubin[:4] == b"\x7fELF"
 
 
+def test_stage_k_fits_the_shared_memory_it_is_given():
+    for m in range(1, 33):
+        for cap in (32 * 1024, 99 * 1024, 128 * 1024):
+            kc = weight_mma.stage_k(m, cap)
+            assert 128 <= kc <= 4096 and kc & (kc - 1) == 0
+            assert m * (kc // 2 + 4) * 4 <= cap or kc == 128
+            assert kc == 4096 or m * (kc + 4) * 4 > cap  # the largest that fits
+
+
 def test_heuristic_configs_fit_every_prepack():
     for n, k, m, gated, fmt in itertools.product([128, 4120, 14336], [256, 1552, 8192], [1, 8, 32], [False, True],
                                                  ["nvfp4", "fp8"]):

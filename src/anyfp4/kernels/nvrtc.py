@@ -134,6 +134,7 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
                 ("num_attrs", ctypes.c_uint)]
 
 
+MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
@@ -145,8 +146,13 @@ class Kernel:
     anything an earlier kernel writes, or writes anything."""
     function: ctypes.c_void_p
     module: ctypes.c_void_p
+    smem_limit: int = 48 * 1024  # dynamic shared memory allowed without opting in
 
     def launch(self, grid: tuple[int, int, int], block: int, smem: int, args: list, early: bool = False) -> None:
+        if smem > self.smem_limit:  # opt in to more (sm_80+: up to 163-227 KiB per block)
+            _check_cuda(_cuda().cuFuncSetAttribute(self.function, MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                        f"allowing {smem} bytes of dynamic shared memory")
+            self.smem_limit = smem
         keep, ptrs = [], []
         for a in args:
             if isinstance(a, torch.Tensor):
@@ -171,6 +177,19 @@ class Kernel:
 
 
 _LOADED: dict[tuple, Kernel] = {}
+MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+
+
+@functools.cache
+def max_shared_memory(device: int) -> int:
+    """Bytes of shared memory one block may opt in to on ``device`` (sm_80: 163 KiB, sm_86/89: 99 KiB,
+    sm_90: 227 KiB)."""
+    torch.cuda.current_stream(device)  # the driver is initialised with torch's context
+    dev, value = ctypes.c_int(), ctypes.c_int()
+    _check_cuda(_cuda().cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+    _check_cuda(_cuda().cuDeviceGetAttribute(ctypes.byref(value), MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+                "reading the shared-memory limit")
+    return value.value
 
 
 def load(source: str, name: str, defines: dict[str, int], device: int) -> Kernel:

@@ -127,7 +127,8 @@ def act_pack_auto(sm: int, m: int) -> bool:
 # CUDA tensor-core decode kernel (weight_mma): (sm, format, gated, K, N, M-bucket) -> MMAConfig, the fastest of
 # the sweep in `benchmarks/probes/mma_sweep.py` (sm_90: one H200, benchmarks/results/nvfp4_mma_sweep_h200.json and
 # fp8_mma_sweep_h200.json; the M = 1 entries of 14336x4096, 4096x14336, 28672x8192 and gated 2x14336x4096 re-swept
-# for the tiled prepack: nvfp4_mma_sweep_tiled_h200.json).
+# for the tiled prepack: nvfp4_mma_sweep_tiled_h200.json; 14336x4096 M = 1, 8, 16 from the layout probe and
+# smem_stage_h200.json).
 MMA_LAUNCH_TABLE: dict[tuple[int, str, bool, int, int, int], MMAConfig] = {
     (90, "nvfp4", False, 4096, 4096, 1): MMAConfig(1, 8, 8, 2),
     (90, "nvfp4", False, 4096, 4096, 2): MMAConfig(1, 4, 8, 2),
@@ -135,11 +136,11 @@ MMA_LAUNCH_TABLE: dict[tuple[int, str, bool, int, int, int], MMAConfig] = {
     (90, "nvfp4", False, 4096, 4096, 8): MMAConfig(1, 8, 8, 2),
     (90, "nvfp4", False, 4096, 4096, 16): MMAConfig(1, 8, 8, 2),
     (90, "nvfp4", False, 4096, 4096, 32): MMAConfig(1, 8, 8, 2),
-    (90, "nvfp4", False, 4096, 14336, 1): MMAConfig(1, 4, 1, 8),
+    (90, "nvfp4", False, 4096, 14336, 1): MMAConfig(1, 8, 2, 4),
     (90, "nvfp4", False, 4096, 14336, 2): MMAConfig(1, 4, 1, 8),
     (90, "nvfp4", False, 4096, 14336, 4): MMAConfig(1, 8, 2, 4),
-    (90, "nvfp4", False, 4096, 14336, 8): MMAConfig(1, 8, 2, 4),
-    (90, "nvfp4", False, 4096, 14336, 16): MMAConfig(1, 8, 1, 4),
+    (90, "nvfp4", False, 4096, 14336, 8): MMAConfig(1, 8, 2, 2),
+    (90, "nvfp4", False, 4096, 14336, 16): MMAConfig(1, 8, 2, 4),
     (90, "nvfp4", False, 4096, 14336, 32): MMAConfig(1, 8, 2, 2),
     (90, "nvfp4", False, 14336, 4096, 1): MMAConfig(1, 8, 8, 2),
     (90, "nvfp4", False, 14336, 4096, 2): MMAConfig(1, 8, 8, 4),
