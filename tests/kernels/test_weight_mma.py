@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 
+import anyfp4.ops  # noqa: F401  (registers torch.ops.anyfp4, which the op-level tests call)
 from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
 from anyfp4.kernels import nvrtc, weight_mma
