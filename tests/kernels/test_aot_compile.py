@@ -37,11 +37,32 @@ DECODE_VARIANTS = [(16, 64, 256, False, True, False, False), (32, 128, 128, True
                    (16, 32, 256, True, False, False, True)]
 
 
-def compile_for(fn, signature, constexprs, cc, num_warps=4):
+def compile_for(fn, signature, constexprs, cc, num_warps=4, aligned=()):
+    """``aligned``: arguments the launch would specialise as multiples of 16 (pointers, strides)."""
     sig = dict(signature)
     sig.update({k: "constexpr" for k in constexprs})
-    src = ASTSource(fn, sig, constexprs=constexprs)
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": num_warps, "num_stages": 3})
+
+
+def code_words_load_16_bytes(cc):
+    """The tiled code words still come in 16-byte loads (the offset helper's hints), as they would at run
+    time with 16-aligned pointers and strides."""
+    act = "fp16"
+    sig = {"x_ptr": f"*{act}", "codes_ptr": "*i32", "scales_ptr": "*u8", "gscale_ptr": "*fp32", "bias_ptr": f"*{act}",
+           "out_ptr": f"*{act}", "partial_ptr": "*fp32", "K": "i32", "N_OUT": "i32", "UP_OFFSET": "i32",
+           "K_ITERS": "i32", "stride_c": "i32", "stride_s": "i32"}
+    k = compile_for(nvfp4_gemv_kernel, sig, {"BLOCK_N": 8, "BLOCK_K": 1024, "USE_PARTIAL": False, "HAS_BIAS": False,
+                                             "GATED": False, "INTERPRET": False}, cc, num_warps=2,
+                    aligned=[a for a in sig if a.endswith("_ptr") or a.startswith("stride") or a == "K"])
+    assert "ld.global.v4.b32" in k.asm["ptx"]
+    k = compile_for(nvfp4_dequant_kernel, {"codes_ptr": "*i32", "scales_ptr": "*u8", "gscale_ptr": "*fp32",
+                                           "out_ptr": f"*{act}", "N": "i32", "K": "i32", "ROW0": "i32",
+                                           "stride_c": "i32", "stride_s": "i32", "stride_on": "i32"},
+                    {"BLOCK_N": 32, "BLOCK_K": 128, "INTERPRET": False}, cc,
+                    aligned=["codes_ptr", "scales_ptr", "out_ptr", "stride_c", "stride_s", "stride_on"])
+    assert "ld.global.v4.b32" in k.asm["ptx"]
 
 
 def acts(cc):
@@ -125,4 +146,5 @@ if __name__ == "__main__":
     arch = int(sys.argv[1])
     decode_kernels_compile(arch)
     support_kernels_compile(arch)
+    code_words_load_16_bytes(arch)
     print(f"compiled for sm_{arch}")

@@ -7,8 +7,12 @@ import triton.language as tl
 
 @triton.jit
 def tiled_word_offset(rows, words, words_per_row):
-    """``nvfp4_prepack.tiled_word_offset``: where word ``words`` (k // 8) of row ``rows`` is stored."""
-    return (rows >> 4) * (16 * words_per_row) + (words >> 4) * 256 + (rows & 15) * 16 + (words & 15)
+    """``nvfp4_prepack.tiled_word_offset`` for a (rows, words) grid: where word ``words`` (k // 8; FP8 k // 4)
+    of row ``rows`` is stored. ``words`` must run along the last axis from a multiple of 16 in steps of one,
+    16 or more of them: each run of 16 is then contiguous and 16-aligned, which the hints tell the compiler
+    (so it keeps 16-byte loads)."""
+    off = (rows >> 4) * (16 * words_per_row) + (words >> 4) * 256 + (rows & 15) * 16 + (words & 15)
+    return tl.max_contiguous(tl.multiple_of(off, (1, 16)), (1, 16))
 
 
 @triton.jit
