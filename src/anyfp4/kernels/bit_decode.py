@@ -12,6 +12,7 @@ def tiled_word_offset(rows, words, words_per_row):
     16 or more of them: each run of 16 is then contiguous and 16-aligned, which the hints tell the compiler
     (so it keeps 16-byte loads)."""
     off = (rows >> 4) * (16 * words_per_row) + (words >> 4) * 256 + (rows & 15) * 16 + (words & 15)
+    tl.static_assert(off.shape[1] % 16 == 0, "tiled code words are read 16 or more at a time")
     return tl.max_contiguous(tl.multiple_of(off, (1, 16)), (1, 16))
 
 
