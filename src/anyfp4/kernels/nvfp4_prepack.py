@@ -35,7 +35,7 @@ from ..formats.nvfp4 import GROUP_SIZE, NVFP4Weight
 ROW_ALIGN = 128  # the largest row tile of any NVFP4 kernel configuration
 K_ALIGN = 256  # the largest K tile
 TILE_ROWS, TILE_K = 16, 128  # the storage tile of codes and scales
-# (pair, low bit of magnitude bits 0-1, position of magnitude bit 2, sign position) within 16 bits
+# per pair p (codes p and p + 4): (position of magnitude bits 0-1, of magnitude bit 2, of the sign) in 16 bits
 WORD_BITS = ((6, 8, 15), (3, 5, 12), (0, 2, 9), (10, 14, 13))
 
 
@@ -92,15 +92,19 @@ def prepack_nvfp4_gated(gate: NVFP4Weight, up: NVFP4Weight, device: torch.device
                           gate.shape[0], gate.shape[1], up_offset=half)
 
 
-def _spread_words(words: torch.Tensor) -> torch.Tensor:
-    """Checkpoint-order words (code i in bits 4i..4i+3) -> the pair layout of ``WORD_BITS``."""
-    u = words.to(torch.int64) & 0xFFFFFFFF
-    out = torch.zeros_like(u)
-    for i in range(8):
-        (lo2, bit2, sign), base = WORD_BITS[i % 4], 16 * (i // 4)
-        c = (u >> (4 * i)) & 0xF
-        out |= ((c & 3) << (base + lo2)) | (((c >> 2) & 1) << (base + bit2)) | ((c >> 3) << (base + sign))
-    return (out - ((out >> 31) << 32)).to(torch.int32)
+def _spread_words(words: torch.Tensor, rows_per_chunk: int = 1024) -> torch.Tensor:
+    """Checkpoint-order words (code i in bits 4i..4i+3) -> the pair layout of ``WORD_BITS`` (in chunks of
+    rows, so the int64 working copies stay small next to the layer)."""
+    out = torch.empty_like(words)
+    for r in range(0, words.shape[0], rows_per_chunk):
+        u = words[r:r + rows_per_chunk].to(torch.int64) & 0xFFFFFFFF
+        acc = torch.zeros_like(u)
+        for i in range(8):
+            (lo2, bit2, sign), base = WORD_BITS[i % 4], 16 * (i // 4)
+            c = (u >> (4 * i)) & 0xF
+            acc |= ((c & 3) << (base + lo2)) | (((c >> 2) & 1) << (base + bit2)) | ((c >> 3) << (base + sign))
+        out[r:r + rows_per_chunk] = (acc - ((acc >> 31) << 32)).to(torch.int32)
+    return out
 
 
 def _gather_words(words: torch.Tensor) -> torch.Tensor:

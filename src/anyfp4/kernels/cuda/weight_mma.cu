@@ -16,7 +16,7 @@
 // contiguous 1 KiB tile) and feeds them to the mmas straight from registers:
 //   - NVFP4: the two codes of a pair sit 16 bits apart with magnitude and sign placed for the bf16 layout:
 //     (w << 3p) & 0x81C081C0 is pair p = 0, 1, 2 as bf16 e2m1 * 2^-126 in each half (code 1 a subnormal),
-//     pair 3 takes three shifts (decode_pair_bf16); the fp16 forms put the magnitude at bits 9-11 instead
+//     pair 3 takes three shifts (decode_pair); the fp16 forms put the magnitude at bits 9-11 instead
 //     (e2m1 * 2^-14). Times the block scale: in fp16 bs (exact) gives e2m1 * bs * 2^-14, exact (<= 8
 //     significant bits, within [2^-24, 0.17]); in bf16 the scale enters as bs * 2^118 (bf16 bits (b << 4) are
 //     bs * 2^-120, times 2^120, times 2^118) and the product e2m1 * bs * 2^-8 is a normal bf16, exact (<= 6
