@@ -148,11 +148,15 @@ class Kernel:
     module: ctypes.c_void_p
     smem_limit: int = 48 * 1024  # dynamic shared memory allowed without opting in
 
+    def allow_shared_memory(self, nbytes: int) -> None:
+        """Opt in to ``nbytes`` of dynamic shared memory per block (sm_80+: up to 163-227 KiB)."""
+        if nbytes > self.smem_limit:
+            _check_cuda(_cuda().cuFuncSetAttribute(self.function, MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
+                        f"allowing {nbytes} bytes of dynamic shared memory")
+            self.smem_limit = nbytes
+
     def launch(self, grid: tuple[int, int, int], block: int, smem: int, args: list, early: bool = False) -> None:
-        if smem > self.smem_limit:  # opt in to more (sm_80+: up to 163-227 KiB per block)
-            _check_cuda(_cuda().cuFuncSetAttribute(self.function, MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
-                        f"allowing {smem} bytes of dynamic shared memory")
-            self.smem_limit = smem
+        self.allow_shared_memory(smem)
         keep, ptrs = [], []
         for a in args:
             if isinstance(a, torch.Tensor):
@@ -192,8 +196,10 @@ def max_shared_memory(device: int) -> int:
     return value.value
 
 
-def load(source: str, name: str, defines: dict[str, int], device: int) -> Kernel:
-    """Compile (once) and load ``name`` for ``device``'s architecture and context."""
+def load(source: str, name: str, defines: dict[str, int], device: int, shared_memory: int = 0) -> Kernel:
+    """Compile (once) and load ``name`` for ``device``'s architecture and context; ``shared_memory``: the
+    most dynamic shared memory a launch of it will ask for, opted in to when it is loaded (not later, which
+    could fall inside a CUDA-graph capture)."""
     props = torch.cuda.get_device_properties(device)
     sm = props.major * 10 + props.minor
     key = (hash(source), name, tuple(sorted(defines.items())), device)
@@ -208,6 +214,7 @@ def load(source: str, name: str, defines: dict[str, int], device: int) -> Kernel
                 _check_cuda(_cuda().cuModuleGetFunction(ctypes.byref(function), module, name.encode()),
                             f"finding {name}")
             kernel = _LOADED[key] = Kernel(function, module)
+            kernel.allow_shared_memory(shared_memory)
     return kernel
 
 

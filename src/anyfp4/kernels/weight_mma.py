@@ -143,11 +143,12 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
     if not 1 <= config.split_k <= k_pad // STEP_K[fmt]:
         raise ValueError(f"split-K {config.split_k} must be 1..{k_pad // STEP_K[fmt]} for K = {k_pad}")
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    kc = stage_k(m, min(STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024))
+    stage_bytes = min(STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
+    kc = stage_k(m, stage_bytes)
     early = early_launch(device)
     defines = dict(EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"), NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth,
                    BF16=int(x.dtype == torch.bfloat16), GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None))
-    kernel = nvrtc.load(_source(), KERNEL, defines, device)
+    kernel = nvrtc.load(_source(), KERNEL, defines, device, shared_memory=stage_bytes)
     if out is None:
         out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
     if c.split_k > 1:
