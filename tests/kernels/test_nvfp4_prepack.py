@@ -5,13 +5,13 @@ from anyfp4.formats.nvfp4 import NVFP4Weight, quantize_nvfp4
 from anyfp4.kernels.nvfp4_prepack import (
     K_ALIGN,
     ROW_ALIGN,
-    prepack_nvfp4,
-    prepack_nvfp4_gated,
-    unprepack_nvfp4,
     WORD_BITS,
     checkpoint_order,
+    prepack_nvfp4,
+    prepack_nvfp4_gated,
     tiled_scale_offset,
     tiled_word_offset,
+    unprepack_nvfp4,
     unprepack_nvfp4_gated,
 )
 
