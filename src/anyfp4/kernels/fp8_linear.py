@@ -24,7 +24,7 @@ from ..env import triton_interpret
 from ..formats.fp8 import FP8Weight
 from .bit_decode import e4m3_fp16, tiled_word_offset
 from .nvfp4_dequant import round_to_output, workspace
-from .nvfp4_prepack import K_ALIGN, ROW_ALIGN, _round_up, tile_words, untile_words
+from .nvfp4_prepack import K_ALIGN, ROW_ALIGN, TILE_ROWS, _round_up, tile_words, untile_words
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,8 @@ def prepack_fp8_gated(gate: FP8Weight, up: FP8Weight, device=None) -> FP8Prepack
 def unprepack_fp8(p: FP8Prepacked, row0: int = 0) -> FP8Weight:
     """The exact inverse of the prepack (scales per channel); ``row0 = up_offset`` gives the up half."""
     n, k = p.out_features, p.in_features
-    weight = untile_words(p.codes).view(torch.uint8)[row0:row0 + n, :k].contiguous().view(torch.float8_e4m3fn)
+    rows = untile_words(p.codes[row0:row0 + _round_up(n, TILE_ROWS)])  # only this half's row blocks
+    weight = rows.view(torch.uint8)[:n, :k].contiguous().view(torch.float8_e4m3fn)
     return FP8Weight(weight, p.scales[row0:row0 + n].clone())
 
 

@@ -161,17 +161,25 @@ def tiled_scale_offset(row, block, blocks_per_row: int):
     return (row // TILE_ROWS) * (TILE_ROWS * blocks_per_row) + (block // tb) * (TILE_ROWS * tb) + inside
 
 
+def _checkpoint_rows(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole row blocks of ``codes`` / ``scales`` -> the checkpoint's row-major, nibble-order bytes."""
+    return _gather_words(untile_words(codes)).view(torch.uint8), _untile_scales(scales)
+
+
 def checkpoint_order(p: NVFP4Prepacked) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes (N_pad, K_pad // 2) uint8, scales (N_pad, K_pad // 16) uint8) in the checkpoint's own
     row-major order and nibble order, padding included."""
-    return _gather_words(untile_words(p.codes)).view(torch.uint8), _untile_scales(p.scales)
+    return _checkpoint_rows(p.codes, p.scales)
 
 
 def _crop(p: NVFP4Prepacked, row0: int) -> NVFP4Weight:
+    """The weight of rows ``row0 .. row0 + N`` (``row0``: 0 or ``up_offset``, a row-block boundary); only
+    those row blocks are converted back."""
     n, k = p.out_features, p.in_features
-    codes, scales = checkpoint_order(p)
-    packed = codes[row0:row0 + n, : k // 2].contiguous()
-    scales = scales[row0:row0 + n, : k // GROUP_SIZE].contiguous().view(torch.float8_e4m3fn)
+    end = row0 + _round_up(n, TILE_ROWS)
+    codes, scales = _checkpoint_rows(p.codes[row0:end], p.scales[row0:end])
+    packed = codes[:n, : k // 2].contiguous()
+    scales = scales[:n, : k // GROUP_SIZE].contiguous().view(torch.float8_e4m3fn)
     return NVFP4Weight(packed, scales, p.global_scale.reshape(()).clone())
 
 

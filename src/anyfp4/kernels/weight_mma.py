@@ -146,8 +146,9 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
     stage_bytes = min(STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
     kc = stage_k(m, stage_bytes)
     early = early_launch(device)
-    defines = dict(EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"), NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth,
-                   BF16=int(x.dtype == torch.bfloat16), GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None))
+    defines = dict(EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
+                   NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth, BF16=int(x.dtype == torch.bfloat16),
+                   GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None))
     kernel = nvrtc.load(_source(), KERNEL, defines, device, shared_memory=stage_bytes)
     if out is None:
         out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
