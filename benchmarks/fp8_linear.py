@@ -5,7 +5,9 @@
 Same method and columns as nvfp4_linear.py: CUDA-graph medians over rotated weights, effective
 GB/s (weight + activation + output bytes), % of the copy bandwidth measured in the same run,
 speed-up over bf16. The `scaled_mm` column (sm_89+ only) times torch._scaled_mm on activations
-already quantized to FP8 (M padded to 16, as it requires), i.e. a lower bound for the native path.
+already quantized to FP8 (M padded to 16, as it requires), i.e. a lower bound for the native path; the
+`w8a8` column (sm_89+, M > 32) times the op itself with the opt-in ``ANYFP4_FP8_PREFILL=w8a8`` (activation
+quantization, the weight written back as E4M3 bytes, ``_scaled_mm``, scales), against its float64 reference.
 """
 
 from __future__ import annotations
@@ -37,8 +39,19 @@ def random_fp8(n: int, k: int, device) -> FP8Weight:
     return FP8Weight((raw | sign).view(torch.float8_e4m3fn), torch.tensor(1e-3, device=device))
 
 
-def op(x, p):
-    return torch.ops.anyfp4.fp8_linear(x, p.codes, p.scales, None, p.out_features, p.in_features)
+def op(x, p, input_scale=None):
+    return torch.ops.anyfp4.fp8_linear(x, p.codes, p.scales, None, p.out_features, p.in_features, 0, input_scale)
+
+
+def w8a8_op(x, p, input_scale):
+    """The op with ``ANYFP4_FP8_PREFILL=w8a8`` (read inside the op at call time)."""
+    import os
+
+    os.environ["ANYFP4_FP8_PREFILL"] = "w8a8"
+    try:
+        return op(x, p, input_scale)
+    finally:
+        del os.environ["ANYFP4_FP8_PREFILL"]
 
 
 def main() -> None:
@@ -64,6 +77,16 @@ def main() -> None:
         err = ((op(x, p).float() - ref).norm() / ref.norm()).item()
         report.setdefault("rel_err", {})[m] = err
         print(f"check 4120x1552 M={m}: rel err {err:.2e}", flush=True)
+    input_scale = torch.tensor([0.02], device=device)
+    if sm >= 89:
+        from anyfp4.formats.fp8 import e4m3_decode, e4m3_encode
+
+        x = torch.randn(256, 1552, device=device, dtype=torch.bfloat16)
+        xq = e4m3_decode(e4m3_encode(x.float() / 0.02)).double() * 0.02
+        ref = xq @ dequantize_fp8(w).double().t()
+        err = ((w8a8_op(x, p, input_scale).double() - ref).norm() / ref.norm()).item()
+        report["rel_err_w8a8_m256"] = err
+        print(f"check 4120x1552 M=256 w8a8: rel err {err:.2e} (against its own W8A8 reference)", flush=True)
     for n, k in SHAPES:
         copies = max(2, int(ROTATE_BYTES // (n * k)) + 1)
         ws = [prepack_fp8(random_fp8(n, k, device)) for _ in range(copies)]
@@ -79,12 +102,15 @@ def main() -> None:
                 x8 = torch.randn(max(16, -(-m // 16) * 16), k, device=device).to(torch.float8_e4m3fn)
                 t_s = graph_time(lambda i: torch._scaled_mm(x8, w8[i % 2].t(), one, one, out_dtype=torch.bfloat16))
                 entry["scaled_mm_us"] = t_s * 1e6
+                if m > 32:
+                    entry["w8a8_us"] = graph_time(lambda i: w8a8_op(x, ws[i % copies], input_scale), reps=5) * 1e6
             moved = n * k + m * k * 2 + m * n * 2
             entry.update(gbps=moved / t / 1e9, pct_copy=100 * moved / t / bw, speedup=t_bf / t)
             report["linear"].append(entry)
             print(f"{n:>6}x{k:<6} M={m:<5} bf16 {t_bf * 1e6:8.2f} us  fp8 {t * 1e6:8.2f} us  {entry['pct_copy']:5.1f}% "
-                  f"copy  x{entry['speedup']:.2f}" + (f"  scaled_mm {entry['scaled_mm_us']:.2f}" if w8 else ""),
-                  flush=True)
+                  f"copy  x{entry['speedup']:.2f}" + (f"  scaled_mm {entry['scaled_mm_us']:.2f}" if w8 else "")
+                  + (f"  w8a8 op {entry['w8a8_us']:.2f} (x{t_bf * 1e6 / entry['w8a8_us']:.2f})"
+                     if "w8a8_us" in entry else ""), flush=True)
         del ws, wbf, w8
         torch.cuda.empty_cache()
         Path(args.out).write_text(json.dumps(report, indent=1))

@@ -1,34 +1,71 @@
 #!/usr/bin/env bash
-# One device call that checks and measures everything GPU-side; results land in $OUT (JSON + logs).
-#   bash benchmarks/gpu_session.sh [quick]
+# GPU-side checks and measurements in stages, each fitting one device call (<= 10 minutes); results land in
+# $OUT (JSON + logs), key lines on stdout.
+#   bash benchmarks/gpu_session.sh check     # GPU unit tests, kernel correctness sweep (every config family)
+#   bash benchmarks/gpu_session.sh kernels   # nvfp4_linear / fp8_linear tables (incl. fused / W8A8 prefill columns)
+#   bash benchmarks/gpu_session.sh bench     # anyfp4 bench: NVFP4 and FP8 vs bf16, random Llama-3.1-8B
+#   bash benchmarks/gpu_session.sh sweep     # launch-config sweeps of the CUDA kernel (the launch table's source)
+#   bash benchmarks/gpu_session.sh runner    # e2e_runner, step profile, speculative decoding
+#   bash benchmarks/gpu_session.sh tp        # two GPUs: all-reduce probe, bench --tp 2, TP1/TP2 agreement
 # Each step has its own time limit so one slow step cannot eat the whole lease.
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
 OUT="${OUT:-./gpu-results}"; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
-timeout 240 python3 -m pytest -q -x tests/kernels tests/test_ops.py tests/runtime -k "not aot and not every_variant_compiles and not parallel" \
-    2>&1 | tail -5 | tee "$OUT/pytest.txt"
-timeout 100 python3 benchmarks/probes/step_profile.py --out "$OUT/step_profile.json" > "$OUT/step_profile.log" 2>&1
-grep -A6 "==" "$OUT/step_profile.log"
-timeout 240 python3 benchmarks/e2e_runner.py --out "$OUT/e2e_runner.json" > "$OUT/e2e_runner.log" 2>&1
-tail -8 "$OUT/e2e_runner.log"
-[ "${1:-}" = quick ] && exit 0
-timeout 150 python3 benchmarks/nvfp4_linear.py --skip-correctness --ms 1 2 4 8 16 32 64 256 1024 4096 \
-    --out "$OUT/nvfp4_linear.json" > "$OUT/nvfp4_linear.log" 2>&1; tail -3 "$OUT/nvfp4_linear.log"
-timeout 120 python3 benchmarks/fp8_linear.py --ms 1 2 4 8 16 32 1024 4096 --out "$OUT/fp8_linear.json" \
-    > "$OUT/fp8_linear.log" 2>&1; tail -3 "$OUT/fp8_linear.log"
-timeout 200 python3 -m anyfp4 bench --random-weights llama-3.1-8b --format nvfp4 --compare bf16 --compile \
-    --prompt-len 128 --gen-len 64 --json > "$OUT/bench_llama8b_nvfp4_compile.json" 2> "$OUT/bench_compile.err"
-tail -2 "$OUT/bench_compile.err"
-timeout 120 python3 benchmarks/speculative_runner.py --out "$OUT/speculative.json" > "$OUT/speculative.log" 2>&1
-tail -4 "$OUT/speculative.log"
-if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+stage="${1:-check}"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader | tee "$OUT/gpu-$stage.txt"
+bench() {  # name, then anyfp4 bench arguments
+    local name="$1"; shift
+    timeout 200 python3 -m anyfp4 bench --random-weights llama-3.1-8b --json "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); rs=r if isinstance(r, list) else [r]
+[print(x['model'], 'decode', round(x['decode_tok_s'], 1), 'tok/s', round(x['pct_of_copy'] or 0), '% of copy, prefill',
+       round(x['prefill_tok_s']), 'tok/s, sha', x['sha256'][:16]) for x in rs]" "$OUT/$name.json" 2>/dev/null \
+        || tail -3 "$OUT/$name.err"
+}
+case "$stage" in
+check)
+    # the CUDA kernel and the W8A8 prefill first (the newest GPU code), then everything else GPU-side
+    timeout 200 python3 -m pytest -q -x tests/kernels/test_weight_mma.py tests/kernels/test_fp8_w8a8.py \
+        -k "not every_variant_compiles" 2>&1 | tail -5 | tee "$OUT/pytest_cuda.txt"
+    timeout 150 python3 benchmarks/probes/mma_sweep.py --skip-sweep --out "$OUT/mma_check.json" 2>&1 | tail -8
+    timeout 220 python3 -m pytest -q tests/kernels tests/test_ops.py tests/runtime \
+        -k "not aot and not every_variant_compiles and not parallel and not test_weight_mma and not w8a8" \
+        2>&1 | tail -5 | tee "$OUT/pytest.txt"
+    ;;
+kernels)
+    timeout 300 python3 benchmarks/nvfp4_linear.py --skip-correctness --ms 1 2 4 8 16 32 64 256 1024 4096 \
+        --out "$OUT/nvfp4_linear.json" > "$OUT/nvfp4_linear.log" 2>&1
+    grep -E "M=(1|8|16|32|1024) |gated|correct" "$OUT/nvfp4_linear.log" | head -70
+    timeout 240 python3 benchmarks/fp8_linear.py --ms 1 2 4 8 16 32 1024 4096 --out "$OUT/fp8_linear.json" \
+        > "$OUT/fp8_linear.log" 2>&1; grep -E "M=(1|8|16|32|1024) |check" "$OUT/fp8_linear.log" | head -50
+    ;;
+bench)
+    bench bench_llama8b_nvfp4 --format nvfp4 --compare bf16
+    bench bench_llama8b_fp8 --format fp8
+    ;;
+sweep)
+    timeout 560 python3 benchmarks/probes/mma_sweep.py --skip-check --formats "${FORMATS:-nvfp4 fp8}" \
+        --shapes ${SHAPES:-14336x4096 4096x14336 28672x8192 6144x4096 4096x4096} --gated ${GATED:-14336x4096} \
+        --ms ${MS:-1 8 16 32} --out "$OUT/mma_sweep.json" 2>&1 | grep -v "^  " | tail -60
+    ;;
+runner)
+    timeout 100 python3 benchmarks/probes/step_profile.py --out "$OUT/step_profile.json" > "$OUT/step_profile.log" 2>&1
+    grep -A6 "==" "$OUT/step_profile.log"
+    timeout 300 python3 benchmarks/e2e_runner.py --out "$OUT/e2e_runner.json" > "$OUT/e2e_runner.log" 2>&1
+    tail -8 "$OUT/e2e_runner.log"
+    timeout 150 python3 benchmarks/speculative_runner.py --out "$OUT/speculative.json" > "$OUT/speculative.log" 2>&1
+    tail -4 "$OUT/speculative.log"
+    ;;
+tp)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # no NVLink multicast
     timeout 60 torchrun --nproc-per-node 2 benchmarks/probes/allreduce_probe.py --out "$OUT/allreduce.json" \
         > "$OUT/allreduce.log" 2>&1
-    timeout 120 python3 -m anyfp4 bench --random-weights llama-3.1-8b --format nvfp4 --tp 2 --json \
-        > "$OUT/bench_tp2.json" 2> "$OUT/bench_tp2.err"
-    ANYFP4_PREFILL=chunked timeout 200 python3 benchmarks/tp_runner.py --out "$OUT/tp_agreement.json" \
+    bench bench_llama8b_nvfp4_tp1 --format nvfp4
+    bench bench_llama8b_nvfp4_tp2 --format nvfp4 --tp 2
+    ANYFP4_PREFILL=chunked timeout 240 python3 benchmarks/tp_runner.py --out "$OUT/tp_agreement.json" \
         > "$OUT/tp_runner.log" 2>&1  # chunked prefill: two GPUs should give one GPU's SHA-256
     tail -3 "$OUT/tp_runner.log"
-fi
+    ;;
+*)
+    echo "unknown stage $stage (check, kernels, bench, sweep, runner, tp)"; exit 2
+    ;;
+esac

@@ -3,7 +3,8 @@
     python benchmarks/nvfp4_linear.py --out results.json [--tune] [--quick]
 
 The NVFP4 column times the production op (``torch.ops.anyfp4.*``, its own M dispatch); with
-``--tune`` the decode kernel's launch configs are swept per shape and M as well. Every timing is the median of CUDA-graph replays of R back-to-back calls that rotate over enough
+``--tune`` the decode kernel's launch configs are swept per shape and M as well; above M = 32 the fused
+prefill GEMM (``ANYFP4_PREFILL=fused``) is timed in a few tile configs beside the default dequantize + cuBLAS. Every timing is the median of CUDA-graph replays of R back-to-back calls that rotate over enough
 weight copies to exceed the L2 cache several times (random codes and scales, never zeros).
 Columns: us per call, effective GB/s (codes + scales + activations + output), % of the
 device-to-device copy bandwidth measured in the same run, and speed-up over bf16 F.linear
@@ -25,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4  # noqa: E402
-from anyfp4.kernels.nvfp4_decode import DecodeConfig, nvfp4_decode_gemm  # noqa: E402
+from anyfp4.kernels.nvfp4_decode import DecodeConfig, FusedConfig, nvfp4_decode_gemm, nvfp4_fused_gemm  # noqa: E402
 from anyfp4.kernels.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm  # noqa: E402
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
 from anyfp4.kernels.tuning import heuristic_config  # noqa: E402
@@ -134,6 +135,16 @@ def check_correctness(device, report: dict) -> None:
                     failures.append(f"prefill error {e:.2e}/{eg:.2e} {n}x{k} m={m} {dtype}")
                 results.append({"n": n, "k": k, "m": m, "dtype": str(dtype), "prefill": True, "rel_err": e,
                                 "gated_rel_err": eg})
+                for fc in FUSED_CONFIGS[:2]:  # ANYFP4_PREFILL=fused
+                    out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+                    y = nvfp4_fused_gemm(x, p, None, fc, out=out)
+                    e, eg = rel_err(y, ref), rel_err(nvfp4_fused_gemm(x, pg, None, fc), gref)
+                    if torch.isnan(y).any() or not (e < tol and eg < tol * 2):
+                        failures.append(f"fused prefill error {e:.2e}/{eg:.2e} {n}x{k} m={m} {dtype} {fc}")
+                    if not torch.equal(y, nvfp4_fused_gemm(x, p, None, fc)):
+                        failures.append(f"nondeterministic fused prefill {n}x{k} m={m} {fc}")
+                    results.append({"n": n, "k": k, "m": m, "dtype": str(dtype), "fused": fc.__dict__, "rel_err": e,
+                                    "gated_rel_err": eg})
         # large activations: fp16 |x| up to 6e4 must not overflow where the true result is finite
         if dtype == torch.float16:
             x = (torch.rand(4, k, device=device, generator=gen) * 2 - 1) * 6e4
@@ -147,6 +158,11 @@ def check_correctness(device, report: dict) -> None:
     print(f"correctness: {len(results)} checks, {len(failures)} failures")
     for f in failures[:20]:
         print("  FAIL", f)
+
+
+# (block_m, block_n, block_k, num_warps, num_stages) of the fused prefill GEMM timed at M > 32
+FUSED_CONFIGS = [FusedConfig(128, 128, 128, 8, 3), FusedConfig(64, 128, 128, 4, 3), FusedConfig(128, 64, 128, 4, 4),
+                 FusedConfig(128, 128, 64, 8, 4)]
 
 
 def candidate_configs(k_pad: int):
@@ -189,12 +205,24 @@ def bench_shapes(device, report: dict, tune: bool, quick: bool, ms: list[int]) -
                     cfg = best_cfg
                 t_pack = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, cfg, act_pack=True))
                 entry.update(pack_us=t_pack * 1e6, config=cfg.__dict__)
+            if m > 32:  # ANYFP4_PREFILL=fused: the decode kernel over row tiles, no dense copy of the weight
+                fused = {}
+                for fc in FUSED_CONFIGS:
+                    try:
+                        fused[str(tuple(fc.__dict__.values()))] = graph_time(
+                            lambda i: nvfp4_fused_gemm(x, ws[i % copies], None, fc), reps=5) * 1e6
+                    except Exception as e:  # a tile the GPU cannot hold (shared memory): not a candidate
+                        fused[str(tuple(fc.__dict__.values()))] = f"{type(e).__name__}"
+                times = [v for v in fused.values() if isinstance(v, float)]
+                entry.update(fused_us=min(times) if times else None, fused_configs=fused)
             moved = nbytes_w + m * k * 2 + m * n * 2
             entry.update(gbps=moved / best_t / 1e9, pct_copy=100 * moved / best_t / bw, speedup=t_bf16 / best_t)
             rows.append(entry)
             print(f"{n:>6}x{k:<6} M={m:<5} bf16 {t_bf16 * 1e6:8.2f} us  nvfp4 {best_t * 1e6:8.2f} us  "
                   f"{entry['gbps']:7.0f} GB/s  {entry['pct_copy']:5.1f}% copy  x{entry['speedup']:.2f}"
-                  + (f"  pack {entry['pack_us']:.2f}" if "pack_us" in entry else ""), flush=True)
+                  + (f"  pack {entry['pack_us']:.2f}" if "pack_us" in entry else "")
+                  + (f"  fused {entry['fused_us']:.2f} (x{t_bf16 * 1e6 / entry['fused_us']:.2f})"
+                     if entry.get("fused_us") else ""), flush=True)
         del ws, wbf
         torch.cuda.empty_cache()
         report["linear"], report["tuned_table"] = rows, table

@@ -230,3 +230,25 @@ def test_split_k_argument_and_prefill_switch_cpu(monkeypatch):
     monkeypatch.setenv("ANYFP4_PREFILL", "fast")
     with pytest.raises(ValueError, match="ANYFP4_PREFILL"):
         prefill_mode()
+
+
+@gpu
+def test_fused_prefill_switch_read_inside_the_op(monkeypatch):
+    """ANYFP4_PREFILL=fused: prefill-sized calls of the plain, gated and partial ops take the fused GEMM and
+    still match the reference; decode-sized calls are unchanged."""
+    w, gate, up = (random_weight(1024, 1536, s, "cuda") for s in (21, 22, 23))
+    p, pg = prepack_nvfp4(w), prepack_nvfp4_gated(gate, up)
+    x = torch.randn(96, 1536, device="cuda", dtype=torch.bfloat16)
+    default = torch.ops.anyfp4.nvfp4_linear(x, *args(p))
+    small = torch.ops.anyfp4.nvfp4_linear(x[:8], *args(p))
+    monkeypatch.setenv("ANYFP4_PREFILL", "fused")
+    y = torch.ops.anyfp4.nvfp4_linear(x, *args(p))
+    assert not torch.equal(y, default)  # another kernel ran
+    assert torch.equal(torch.ops.anyfp4.nvfp4_linear(x[:8], *args(p)), small)
+    rel = lambda a, b: ((a.double() - b.double()).norm() / b.double().norm()).item()  # noqa: E731
+    assert rel(y, reference(x, w)) < 8e-3
+    yg = torch.ops.anyfp4.nvfp4_gated(x, pg.codes, pg.scales, pg.global_scale, pg.up_offset, 1024, 1536)
+    gref = torch.nn.functional.silu(reference(x, gate)) * reference(x, up)
+    assert rel(yg, gref) < 2e-2
+    share = torch.ops.anyfp4.nvfp4_linear_partial(x, p.codes, p.scales, p.global_scale, 1024, 1536)
+    assert share.dtype == torch.float32 and rel(share * p.global_scale, reference(x, w)) < 1e-5

@@ -2,7 +2,8 @@
 read from git, patched as text) timed at M = 1 on random data. Timing only — the patched kernels compute
 wrong numbers on purpose:
 
-- ``trans``: the pair bit layout (three of four pairs one shift and one mask, ``nvfp4_prepack.WORD_BITS``);
+- ``trans``: a pair bit layout (three of four pairs one shift and one mask; the first form of
+  ``nvfp4_prepack.CODE_BITS``);
 - ``clamp``: columns past M read the last activation row instead of zeros;
 - ``tiled``: the same bytes read as 16 x 128 tiles (one contiguous 1 KiB per warp and step);
 - ``noscale`` / ``fake1`` / ``raw``: no block-scale multiply / one mask per pair / no decode at all (bounds);

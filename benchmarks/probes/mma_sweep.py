@@ -5,7 +5,9 @@ config family, then a launch-config sweep against the production op and bf16 cuB
     python benchmarks/probes/mma_sweep.py --skip-check --shapes 6144x4096 3072x4096 --gated 7168x4096 --ms 1 2 4 8
 
 The best config per (format, shape, M) is what `kernels/tuning.py`'s MMA_LAUNCH_TABLE holds; the output file
-also works as it is as an extra table (``ANYFP4_MMA_TABLE=mma_sweep.json``) on GPUs of the same kind.
+also works as it is as an extra table (``ANYFP4_MMA_TABLE=mma_sweep.json``) on GPUs of the same kind. M > 1 is
+swept with the split-K of M = 1 (this run's best, or the table's when M = 1 is not swept), the only split the op
+runs it with.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4  # noqa: E402
 from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated  # noqa: E402
 from anyfp4.kernels.weight_mma import MMAConfig, fp8_mma_gemm, heuristic_config, n_tiles_for, nvfp4_mma_gemm  # noqa: E402
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
+from anyfp4.kernels.tuning import mma_config  # noqa: E402
 from anyfp4.runtime.bench import copy_bandwidth  # noqa: E402
 from anyfp4.ops import linear as nvfp4_op  # noqa: E402
 
@@ -39,9 +42,15 @@ def rel_err(y, ref):
     return ((y.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def configs_for(m: int, gated: bool, k_pad: int, step: int = 128):
+def configs_for(m: int, gated: bool, k_pad: int, step: int = 128, split_k: int = 0):
+    """Launch configs to time; ``split_k`` (> 0) fixes the split (M > 1 runs with M = 1's split, see below)."""
     steps = k_pad // step
-    for mt, warps, split, depth in itertools.product((1, 2), (4, 8), (1, 2, 4, 8, 16), (2, 4, 8)):
+    for mt, warps, split, depth in itertools.product((1, 2, 4), (2, 4, 8), (split_k,) if split_k else (1, 2, 4, 8, 16),
+                                                     (2, 4, 8)):
+        if (mt == 4) != (warps == 2) and not (mt == 4 and warps == 4):
+            continue  # four m16 tiles per warp (M > 8: a quarter of the staged-activation reads) in 2 or 4 warps
+        if mt == 4 and (gated or n_tiles_for(m) == 1 or depth > 2):
+            continue  # registers
         if mt == 2 and gated and n_tiles_for(m) > 1:
             continue
         if depth == 8 and (mt > 1 or gated or n_tiles_for(m) > 1):
@@ -78,13 +87,15 @@ def check(device, failures, results):
             cfgs = [heuristic_config(n, p.codes.shape[1] * 8, m, 132, False), MMAConfig(1, 4, 1, 2), MMAConfig(1, 8, 3, 8)]
             if m <= 8:
                 cfgs.append(MMAConfig(2, 4, 5, 4))
+            else:
+                cfgs.append(MMAConfig(4, 2, 3, 2))
             for cfg in cfgs:
                 try:
                     out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
                     y = nvfp4_mma_gemm(x, p, None, cfg, out=out).clone()
                     y2 = nvfp4_mma_gemm(x, p, None, cfg)
                     yb = nvfp4_mma_gemm(x, p, bias, cfg)
-                    cg = MMAConfig(1, cfg.warps, cfg.split_k, min(cfg.depth, 4))
+                    cg = MMAConfig(1, max(cfg.warps, 4), cfg.split_k, min(cfg.depth, 4))
                     yg = nvfp4_mma_gemm(x, pg, None, cg)
                 except ValueError as e:  # row tile larger than the prepack
                     results.append({"n": n, "k": k, "m": m, "cfg": cfg.__dict__, "skipped": str(e)})
@@ -117,6 +128,13 @@ FORMATS = {  # name: (make a random prepack, bytes per weight, kernel, op, main-
 }
 
 
+def table_split(device, fmt, gated, n, k, k_pad) -> int:
+    """The split-K the op runs every M of this shape with (its M = 1 launch entry's): a row's bits must not depend
+    on M, so configs for M > 1 are timed with it only."""
+    props = torch.cuda.get_device_properties(device)
+    return mma_config(props.major * 10 + props.minor, props.multi_processor_count, fmt, gated, n, k, k_pad, 1).split_k
+
+
 def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),), ms=None):
     torch.backends.cuda.matmul.allow_tf32 = False
     make, bpw, kernel, op, step = FORMATS[fmt]
@@ -129,13 +147,15 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
         bcopies = max(2, ROTATE_BYTES // (n * k * 2))
         wb = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(bcopies)]
         k_pad = ws[0].codes.shape[1] * (8 if fmt == "nvfp4" else 4)
-        for m in ms:
+        m1_split = None
+        for m in sorted(ms):
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wb[i % bcopies]))
             t_op = graph_time(lambda i: op(x, ws[i % copies]))
             best = None
             rows = []
-            for cfg in configs_for(m, False, k_pad, step):
+            split = 0 if m == 1 else m1_split or table_split(device, fmt, False, n, k, k_pad)
+            for cfg in configs_for(m, False, k_pad, step, split):
                 try:
                     t = graph_time(lambda i: kernel(x, ws[i % copies], None, cfg))
                 except ValueError:
@@ -150,6 +170,8 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
                      "best_us": best[0] * 1e6, "best_cfg": best[1].__dict__, "heuristic_us": t_h * 1e6,
                      "heuristic_cfg": h.__dict__, "best_gbps": bytes_ / best[0] / 1e9, "speedup_best": t_bf16 / best[0],
                      "speedup_heuristic": t_bf16 / t_h, "speedup_op": t_bf16 / t_op, "sweep": rows}
+            if m == 1:
+                m1_split = best[1].split_k
             report["sweep"].append(entry)
             Path(report["out"]).write_text(json.dumps(report, indent=1))
             print(f"{fmt} {n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} op {t_op*1e6:.1f} mma best {best[0]*1e6:.1f} "
@@ -167,14 +189,18 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
                 gws.append(prepack_fp8_gated(random_fp8(n, k, device), random_fp8(n, k, device)))
         wb = [torch.randn(2 * n, k, device=device, dtype=torch.bfloat16) for _ in range(4)]
         k_pad = gws[0].codes.shape[1] * (8 if fmt == "nvfp4" else 4)
-        for m in ms:
+        m1_split = None
+        for m in sorted(ms):
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wb[i % 4]))
             best = None
-            for cfg in configs_for(m, True, k_pad, step):
+            split = 0 if m == 1 else m1_split or table_split(device, fmt, True, n, k, k_pad)
+            for cfg in configs_for(m, True, k_pad, step, split):
                 t = graph_time(lambda i: kernel(x, gws[i % copies], None, cfg))
                 if best is None or t < best[0]:
                     best = (t, cfg)
+            if m == 1:
+                m1_split = best[1].split_k
             report["gated"].append({"format": fmt, "n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6,
                                     "best_us": best[0] * 1e6, "best_cfg": best[1].__dict__,
                                     "speedup": t_bf16 / best[0]})
@@ -183,9 +209,23 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
         torch.cuda.empty_cache()
 
 
+def table_lines(path: str) -> list[str]:
+    """A sweep file's best configs as ``MMA_LAUNCH_TABLE`` lines (``kernels/tuning.py``), to paste there."""
+    report = json.loads(Path(path).read_text())
+    lines = []
+    for gated, rows in ((False, report.get("sweep", [])), (True, report.get("gated", []))):
+        for r in sorted(rows, key=lambda r: (r["format"], r["k"], r["n"], r["m"])):
+            c = r["best_cfg"]
+            lines.append(f'    ({report["sm"]}, "{r["format"]}", {gated}, {r["k"]}, {r["n"]}, {r["m"]}): '
+                         f'MMAConfig({c["mt"]}, {c["warps"]}, {c["split_k"]}, {c["depth"]}),')
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="mma_sweep.json")
+    ap.add_argument("--print-table", metavar="SWEEP_JSON", help="print a sweep file's best configs as launch-table "
+                                                                "lines and exit (no GPU needed)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-check", action="store_true")
@@ -194,6 +234,9 @@ def main():
     ap.add_argument("--gated", nargs="+", metavar="NxK", default=["14336x4096"], help="gated shapes (gate = up = N x K)")
     ap.add_argument("--ms", nargs="+", type=int, help="M values (default 1 2 4 8 16 32)")
     args = ap.parse_args()
+    if args.print_table:
+        print("\n".join(table_lines(args.print_table)))
+        return
     parse = lambda specs: [tuple(int(v) for v in s.lower().split("x")) for s in specs] if specs else None  # noqa: E731
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)

@@ -1,9 +1,12 @@
 """Instructions per main-loop step of the CUDA decode kernel, on the CPU: compile one variant for sm_90 with
-NVRTC, disassemble it with ``cuobjdump`` (from PATH or the ``nvidia-cuda-cuobjdump`` wheel:
-``pip download --no-deps nvidia-cuda-cuobjdump`` and unzip, then ``--cuobjdump path``), and count the
-instructions between two groups of mmas — one step of 64 NVFP4 weights (32 FP8) per thread — leaving out the
-activation-staging block between the two ``BAR.SYNC``s. At M = 1 the kernel is issue-bound, so this count
-tracks its speed (benchmarks/NOTES.md: ~225 per step row-major, ~180 with the pair layout).
+NVRTC, disassemble it with ``cuobjdump`` (from PATH or the ``nvidia-cuda-cuobjdump`` wheel, which also needs
+``nvidia-cuda-nvdisasm``: ``pip download --no-deps`` both and unzip, then ``--cuobjdump path``), and count one
+step of 64 NVFP4 weights (32 FP8) per thread, leaving out the activation-staging block between two
+``BAR.SYNC``s. Two counts: ``loop``, the kernel's loop over whole passes of its ring of code words divided by
+its steps (everything the loop issues, loads and loop control included; kernels whose main loop is one such
+loop), and ``window``, the instructions between the second and third group of a step's mmas (what one step
+issues where every step carries its own loads and control, as before the loop over whole passes). At M = 1 the
+kernel is issue-bound, so these track its speed (benchmarks/NOTES.md).
 
     python benchmarks/probes/sass_count.py [--fp8] [--fp16] [--depth 4] [--warps 8] [--cuobjdump PATH]
 """
@@ -24,19 +27,46 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from anyfp4.kernels import nvrtc, weight_mma  # noqa: E402
 
 
-def step_counts(sass: str, mmas_per_step: int) -> tuple[int, collections.Counter]:
+def window_counts(sass: str, mmas_per_step: int) -> tuple[int, collections.Counter]:
     ins = [line.split("*/", 1)[1].strip().rstrip(";").strip() for line in sass.splitlines()
            if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     mma = [i for i, line in enumerate(ins) if "HMMA" in line]
-    if len(mma) < 2 * mmas_per_step:
-        raise SystemExit(f"expected at least {2 * mmas_per_step} mmas, found {len(mma)}")
+    if len(mma) < 3 * mmas_per_step:
+        raise SystemExit(f"expected at least {3 * mmas_per_step} mmas, found {len(mma)}")
     step = ins[mma[mmas_per_step]:mma[2 * mmas_per_step]]  # the second unrolled step
     bars = [i for i, line in enumerate(step) if "BAR.SYNC" in line]
     if len(bars) >= 2:
         step = step[:bars[0]] + step[bars[-1] + 1:]
-    ops = collections.Counter((line.split()[1] if line.startswith("@") else line.split()[0]).split(".")[0]
-                              for line in step)
-    return len(step), ops
+    return len(step), _ops(step)
+
+
+def _ops(lines: list[str]) -> collections.Counter:
+    return collections.Counter((x.split()[1] if x.startswith("@") else x.split()[0]).split(".")[0] for x in lines)
+
+
+def loop_counts(sass: str, mmas_per_step: int, depth: int) -> tuple[float | None, collections.Counter]:
+    """Instructions of the main loop (the backward branch whose body holds ``depth`` steps of mmas, the kernel's
+    loop over whole passes of its ring) per step, leaving out the activation-staging block between its two
+    ``BAR.SYNC``s."""
+    lines = [(int(m.group(1), 16), m.group(2).split(";")[0].strip())
+             for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*/\*", sass)]
+    addr = [a for a, _ in lines]
+    ins = [i for _, i in lines]
+    loops = []
+    for j, line in enumerate(ins):
+        branch = re.search(r"BRA (?:`?\(?\.L_x_\d+\)?|0x([0-9a-f]+))", line)
+        if branch and branch.group(1) and int(branch.group(1), 16) < addr[j]:
+            first = addr.index(int(branch.group(1), 16))
+            body = ins[first:j + 1]
+            if sum("HMMA" in x for x in body) == mmas_per_step * depth:
+                loops.append(body)
+    if not loops:
+        return None, collections.Counter()
+    body = min(loops, key=len)
+    bars = [i for i, x in enumerate(body) if "BAR.SYNC" in x]
+    if len(bars) >= 2:
+        body = body[:bars[0]] + body[bars[-1] + 1:]
+    return len(body) / depth, _ops(body)
 
 
 def main() -> None:
@@ -56,9 +86,16 @@ def main() -> None:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([args.cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    n, ops = step_counts(sass, 4 if args.fp8 else 8)
+    per_step = 4 if args.fp8 else 8
     weights = 32 if args.fp8 else 64
-    print(f"{n} instructions per step ({n / weights:.2f} per weight): " + ", ".join(f"{k} {v}" for k, v in ops.most_common()))
+    n, ops = loop_counts(sass, per_step, args.depth)
+    w, wops = window_counts(sass, per_step)
+    if n is not None:
+        print(f"loop: {n:.1f} instructions per step ({n / weights:.2f} per weight); per pass of {args.depth} steps: "
+              + ", ".join(f"{k} {v}" for k, v in ops.most_common()))
+    else:
+        print("loop: no loop over whole passes of the ring in this kernel")
+    print(f"window: {w} ({w / weights:.2f} per weight): " + ", ".join(f"{k} {v}" for k, v in wops.most_common()))
 
 
 if __name__ == "__main__":

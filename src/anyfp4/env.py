@@ -53,15 +53,28 @@ def kernel_choice() -> str:
     return _choice("ANYFP4_KERNELS", KERNEL_CHOICES, "auto")
 
 
-PREFILL_MODES = ("cublas", "chunked")
+PREFILL_MODES = ("cublas", "chunked", "fused")
 
 
 def prefill_mode() -> str:
     """``ANYFP4_PREFILL``: how quantized linears run more than 32 rows on a GPU. ``cublas`` (default):
     dequantize, then cuBLAS; ``chunked``: the decode kernels, 32 rows at a time (sm_80+) — slower for long
     prompts, but a row's bits then depend neither on the prompt's length nor, with two tensor-parallel ranks,
-    on the split over GPUs. Read inside the op."""
+    on the split over GPUs; ``fused`` (NVFP4): one Triton GEMM decoding the weight tiles in registers, no dense
+    copy of the weight (being measured against ``cublas``). Read inside the op."""
     return _choice("ANYFP4_PREFILL", PREFILL_MODES, "cublas")
+
+
+FP8_PREFILL_MODES = ("weight-only", "w8a8")
+
+
+def fp8_prefill_mode() -> str:
+    """``ANYFP4_FP8_PREFILL``: how FP8 linears run more than 32 rows. ``weight-only`` (default): the FP8 weight
+    dequantized, cuBLAS in the activation dtype (the more accurate); ``w8a8``: the activations quantized to FP8
+    with the checkpoint's static ``input_scale`` and one ``torch._scaled_mm`` on FP8 tensor cores (sm_89+ GPUs,
+    and the CPU) — faster prefill, FP8 rounding of the activations. Layers without an input scale, GPUs below
+    sm_89 and ``ANYFP4_PREFILL=chunked`` stay weight-only. Read inside the op."""
+    return _choice("ANYFP4_FP8_PREFILL", FP8_PREFILL_MODES, "weight-only")
 
 
 def extra_mma_table_path() -> str | None:

@@ -48,6 +48,15 @@ class NVFP4Linear(nn.Module):
         return total * self.global_scale
 
 
+def shared_input_scale(weights: list[FP8Weight]) -> torch.Tensor | None:
+    """One activation scale for FP8 projections fused into one GEMM: the largest of theirs (so no input
+    saturates earlier than in its own projection), or None unless every one has a scale."""
+    scales = [w.input_scale for w in weights]
+    if any(s is None for s in scales):
+        return None
+    return torch.stack([s.float().reshape(()).cpu() for s in scales]).max()
+
+
 class FP8Linear(nn.Module):
     """Per-channel scales (a per-tensor scale is broadcast): fused projections concatenate exactly."""
 
@@ -56,6 +65,9 @@ class FP8Linear(nn.Module):
         p = prepack_fp8_gated(weight, gated_up, device) if gated_up is not None else prepack_fp8(weight, device)
         self.register_buffer("codes", p.codes)
         self.register_buffer("scales", p.scales)
+        # the static activation scale of a W8A8 checkpoint (the opt-in W8A8 prefill quantizes with it)
+        input_scale = shared_input_scale([weight] if gated_up is None else [weight, gated_up])
+        self.register_buffer("input_scale", input_scale.reshape(1).to(device) if input_scale is not None else None)
         self.register_buffer("bias", bias.to(device) if bias is not None else None)
         self.out_features, self.in_features, self.up_offset = p.out_features, p.in_features, p.up_offset
         self.split_k = 0  # 0: the launch table's; tensor parallelism sets the full layer's (see parallel.py)
@@ -63,10 +75,10 @@ class FP8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.up_offset:
             return torch.ops.anyfp4.fp8_gated(x, self.codes, self.scales, self.up_offset, self.out_features,
-                                              self.in_features, self.split_k)
+                                              self.in_features, self.split_k, self.input_scale)
         bias = self.bias.to(x.dtype) if self.bias is not None else None
         return torch.ops.anyfp4.fp8_linear(x, self.codes, self.scales, bias, self.out_features, self.in_features,
-                                           self.split_k)
+                                           self.split_k, self.input_scale)
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W^T`` before the row scales, float32, unrounded, no bias: a row-parallel rank's share."""
@@ -139,7 +151,8 @@ def fused_linear(weights: list[Weight], biases: list, device, dtype) -> nn.Modul
         return NVFP4Linear(cat, bias, device)
     if isinstance(first, FP8Weight):
         scales = [w.scale.float().reshape(-1).expand(w.weight.shape[0]) for w in weights]
-        return FP8Linear(FP8Weight(torch.cat([w.weight for w in weights]), torch.cat(scales)), bias, device)
+        return FP8Linear(FP8Weight(torch.cat([w.weight for w in weights]), torch.cat(scales),
+                                   shared_input_scale(weights)), bias, device)
     return DenseLinear(torch.cat(weights), bias, device, dtype)
 
 

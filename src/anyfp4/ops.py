@@ -7,6 +7,8 @@
 - ``fp8_linear(x, codes, scales, bias, out_features, in_features)`` and
   ``fp8_gated(x, codes, scales, up_offset, out_features, in_features)``: the same for an FP8
   prepack (``kernels.fp8_linear``): M = 1 runs an FP8 GEMV kernel, larger M dequantizes + cuBLAS.
+  An optional last ``input_scale`` (the checkpoint's static activation scale) lets
+  ``ANYFP4_FP8_PREFILL=w8a8`` run more than 32 rows as one FP8 ``torch._scaled_mm`` (``kernels.fp8_w8a8``).
 - ``nvfp4_linear_partial(x, codes, scales, global_scale, out_features, in_features)`` and
   ``fp8_linear_partial(x, codes, scales, out_features, in_features)``: ``x @ W^T`` before the global / row
   scale, in float32, not rounded — a row-parallel rank's share of a sum that tensor parallelism adds up,
@@ -27,7 +29,8 @@ Inside the op (so torch.compile and CUDA graphs never bake a branch in): on CUDA
 ``x`` picks the kernel — M <= 32 on sm_80+: the CUDA tensor-core decode kernel (``kernels.weight_mma``,
 NVRTC, launch table or heuristic; ``ANYFP4_KERNELS=triton`` turns it off); otherwise M = 1: the Triton
 GEMV kernel, M <= 32: the Triton tensor-core decode kernel (activation block-pack by
-``ANYFP4_ACT_PACK``); larger M: dequantize + cuBLAS (prefill), or with ``ANYFP4_PREFILL=chunked`` the
+``ANYFP4_ACT_PACK``); larger M: dequantize + cuBLAS (prefill), with ``ANYFP4_PREFILL=fused`` one Triton
+GEMM that decodes weight tiles in registers (NVFP4), or with ``ANYFP4_PREFILL=chunked`` the
 CUDA decode kernel 32 rows at a time. FP8 follows the same split (Triton:
 GEMV at M = 1, dequantize + cuBLAS above). On the CPU: the pure-torch reference.
 """
@@ -147,6 +150,10 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], partial: bool = 
         y = mma(x2)
     elif m > MAX_DECODE_M and prefill_mode() == "chunked" and weight_mma.enabled(sm):
         y = _in_row_chunks(x2, mma)
+    elif m > MAX_DECODE_M and prefill_mode() == "fused":
+        from .kernels.nvfp4_decode import nvfp4_fused_gemm
+
+        y = nvfp4_fused_gemm(x2, _unit_scale(w) if partial else w, bias, out_dtype=out_dtype)
     elif m > MAX_DECODE_M:
         y = nvfp4_prefill_gemm(x2, _unit_scale(w) if partial else w, bias, out_dtype)
     else:
@@ -225,12 +232,47 @@ def _check_fp8(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_f
         raise ValueError(f"{name}: scales must be float32 ({codes.shape[0]},), got {scales.dtype} {tuple(scales.shape)}")
 
 
-def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_k: int = 0) -> Tensor:
-    """``partial``: float32, before the row scales, not rounded (a row-parallel rank's share)."""
+def _w8a8_applies(x: Tensor, m: int, input_scale: Optional[Tensor]) -> bool:
+    """``ANYFP4_FP8_PREFILL=w8a8`` for a prefill-sized call of a layer with an input scale, on a device with FP8
+    matmuls (sm_89+ GPUs, the CPU) and without ``ANYFP4_PREFILL=chunked``."""
+    from .env import fp8_prefill_mode, prefill_mode
+    from .kernels.nvfp4_decode import MAX_DECODE_M
+
+    if input_scale is None or m <= MAX_DECODE_M or fp8_prefill_mode() != "w8a8":
+        return False
+    if not x.is_cuda:
+        return True
+    from .kernels.tuning import device_arch
+
+    if device_arch(x.device.index)[0] < 89:
+        _warn_once("ANYFP4_FP8_PREFILL=w8a8 needs FP8 tensor cores (sm_89+); FP8 prefill stays weight-only here")
+        return False
+    return prefill_mode() != "chunked"
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        import warnings
+
+        warnings.warn(f"anyfp4: {message}", stacklevel=3)
+
+
+def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_k: int = 0,
+             input_scale: Optional[Tensor] = None) -> Tensor:
+    """``partial``: float32, before the row scales, not rounded (a row-parallel rank's share); ``input_scale``: the
+    static activation scale the opt-in W8A8 prefill quantizes with."""
     from .formats.fp8 import dequantize_fp8
     from .kernels.fp8_linear import FP8Prepacked, fp8_gemv, fp8_matmul, unprepack_fp8
 
     x2 = x.reshape(-1, w.in_features)
+    if not partial and _w8a8_applies(x, x2.shape[0], input_scale):
+        from .kernels.fp8_w8a8 import w8a8_matmul
+
+        return w8a8_matmul(x2.contiguous(), w, bias, input_scale).reshape(*x.shape[:-1], w.out_features)
     out_dtype = torch.float32 if partial else None
     unit = (FP8Prepacked(w.codes, torch.ones_like(w.scales), w.out_features, w.in_features, w.up_offset)
             if partial else w)
@@ -277,17 +319,26 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_
 
 @torch.library.custom_op("anyfp4::fp8_linear", mutates_args=())
 def fp8_linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Optional[Tensor], out_features: int,
-               in_features: int, split_k: int = 0) -> Tensor:
+               in_features: int, split_k: int = 0, input_scale: Optional[Tensor] = None) -> Tensor:
     from .kernels.fp8_linear import FP8Prepacked
 
     _check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear")
     _check_bias(bias, x, out_features, "fp8_linear")
-    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features), bias, split_k=split_k)
+    _check_input_scale(input_scale, x, "fp8_linear")
+    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features), bias, split_k=split_k,
+                    input_scale=input_scale)
 
 
 @fp8_linear.register_fake
-def _(x, codes, scales, bias, out_features, in_features, split_k=0):
+def _(x, codes, scales, bias, out_features, in_features, split_k=0, input_scale=None):
     return x.new_empty(*x.shape[:-1], out_features)
+
+
+def _check_input_scale(input_scale: Optional[Tensor], x: Tensor, name: str) -> None:
+    if input_scale is not None and (input_scale.dtype != torch.float32 or input_scale.numel() != 1
+                                    or input_scale.device != x.device):
+        raise ValueError(f"{name}: input_scale must be one float32 value on {x.device}, got {input_scale.dtype} "
+                         f"{tuple(input_scale.shape)} on {input_scale.device}")
 
 
 @torch.library.custom_op("anyfp4::fp8_linear_partial", mutates_args=())
@@ -307,17 +358,19 @@ def _(x, codes, scales, out_features, in_features, split_k=0):
 
 @torch.library.custom_op("anyfp4::fp8_gated", mutates_args=())
 def fp8_gated(x: Tensor, codes: Tensor, scales: Tensor, up_offset: int, out_features: int,
-              in_features: int, split_k: int = 0) -> Tensor:
+              in_features: int, split_k: int = 0, input_scale: Optional[Tensor] = None) -> Tensor:
     from .kernels.fp8_linear import FP8Prepacked
 
     if up_offset <= 0:
         raise ValueError("fp8_gated: up_offset must be positive (use prepack_fp8_gated)")
     _check_fp8(x, codes, scales, out_features, in_features, up_offset, "fp8_gated")
-    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features, up_offset), None, split_k=split_k)
+    _check_input_scale(input_scale, x, "fp8_gated")
+    return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features, up_offset), None, split_k=split_k,
+                    input_scale=input_scale)
 
 
 @fp8_gated.register_fake
-def _(x, codes, scales, up_offset, out_features, in_features, split_k=0):
+def _(x, codes, scales, up_offset, out_features, in_features, split_k=0, input_scale=None):
     return x.new_empty(*x.shape[:-1], out_features)
 
 

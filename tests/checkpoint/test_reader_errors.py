@@ -167,3 +167,14 @@ def test_no_weights(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="no safetensors weights found"):
         CheckpointReader(tmp_path)
+
+
+def test_fp8_input_scale_is_read_and_checked(fp8):
+    rewrite_tensors(fp8, lambda t: t.__setitem__(f"{LAYER}.input_scale", torch.tensor(0.25)))
+    reader = open_and_validate(fp8)
+    assert reader.load_fp8(reader.layer_by_name[LAYER]).input_scale.item() == 0.25
+    assert reader.load_fp8(reader.layer_by_name["model.layers.0.mlp.gate_proj"]).input_scale is None
+    rewrite_tensors(fp8, lambda t: t.__setitem__(f"{LAYER}.input_scale", torch.tensor(float("nan"))))
+    expect_error(fp8, "FP8 input scale must be finite and positive", f"{LAYER}.input_scale")
+    rewrite_tensors(fp8, lambda t: t.__setitem__(f"{LAYER}.input_scale", torch.ones(3)))
+    expect_error(fp8, r"FP8 input scale must have shape \[\] or \[1\]", f"{LAYER}.input_scale")

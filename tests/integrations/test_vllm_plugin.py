@@ -94,7 +94,7 @@ def test_vllm_generates_what_the_anyfp4_runner_generates(checkpoints, fmt):
     prompt = [5, 17, 42, 7, 99, 3, 64, 12]
     llm = LLM(model=str(checkpoints[fmt]), quantization="anyfp4", dtype="float32", skip_tokenizer_init=True,
               enforce_eager=True, max_model_len=128, max_num_seqs=4, seed=0,
-              gpu_memory_utilization=0.05)  # on the CPU: the share of host memory vLLM reserves
+              kv_cache_memory_bytes=64 * 1024**2)  # explicit: a share of host memory depends on the machine
     out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(temperature=0.0, max_tokens=12,
                                                                              detokenize=False))
     tokens = list(out[0].outputs[0].token_ids)

@@ -15,6 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from anyfp4.kernels.fp8_linear import fp8_dequant_kernel, fp8_gemv_kernel
+from anyfp4.kernels.fp8_w8a8 import fp8_raw_kernel
 from anyfp4.kernels.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kernel, splitk_reduce_kernel
 from anyfp4.kernels.nvfp4_dequant import nvfp4_dequant_kernel
 from anyfp4.kernels.nvfp4_gemv import nvfp4_gemv_kernel
@@ -79,6 +80,12 @@ def decode_kernels_compile(cc):
             sass_arch = k.asm["ptx"]
             assert f".target sm_{cc}" in sass_arch
             assert "cvt.rn.f16x2.e4m3x2" not in sass_arch and "e2m1" not in sass_arch  # integer decoding only
+        # the fused prefill GEMM's tiles (ANYFP4_PREFILL=fused)
+        for gated in (False, True):
+            k = compile_for(nvfp4_decode_kernel, decode_signature(act),
+                            {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "USE_PARTIAL": False, "HAS_BIAS": not gated,
+                             "GATED": gated, "X_PACKED": False, "INTERPRET": False}, cc, num_warps=8)
+            assert f".target sm_{cc}" in k.asm["ptx"]
 
 
 def support_kernels_compile(cc):
@@ -104,6 +111,9 @@ def support_kernels_compile(cc):
         compile_for(fp8_dequant_kernel, {"codes_ptr": "*i32", "scales_ptr": "*fp32", "out_ptr": f"*{act}", "N": "i32",
                                          "K": "i32", "ROW0": "i32", "stride_c": "i32", "stride_on": "i32"},
                     {"BLOCK_N": 32, "BLOCK_K": 128, "INTERPRET": False}, cc)
+        if cc >= 89:  # the opt-in W8A8 prefill's weight write-back (FP8 matmuls need sm_89+)
+            compile_for(fp8_raw_kernel, {"codes_ptr": "*i32", "out_ptr": "*i32", "ROW0": "i32", "stride_c": "i32",
+                                         "stride_o": "i32"}, {"BLOCK_N": 32, "BLOCK_W": 64}, cc)
         compile_for(act_block_pack_kernel, {"x_ptr": f"*{act}", "xp_ptr": f"*{act}", "M": "i32", "K": "i32",
                                             "stride_xm": "i32", "X_ROWS": "i32"}, {"BLOCK_G": 16}, cc)
         compile_for(nvfp4_dequant_kernel, {"codes_ptr": "*i32", "scales_ptr": "*u8", "gscale_ptr": "*fp32",

@@ -5,6 +5,7 @@ import torch
 
 from anyfp4.formats.fp8 import FP8Weight, dequantize_fp8
 from anyfp4.kernels.fp8_linear import (
+    BYTE_BITS,
     fp8_dequantize,
     fp8_gemv,
     prepack_fp8,
@@ -35,12 +36,15 @@ def test_words_are_stored_in_16_by_16_tiles():
     from anyfp4.kernels.nvfp4_prepack import tiled_word_offset
 
     n, k = 40, 512
-    w = FP8Weight(torch.randint(0, 0x7F, (n, k), dtype=torch.uint8).view(torch.float8_e4m3fn), torch.tensor(0.5))
+    w = random_fp8(n, k, torch.Generator().manual_seed(1), False, "cpu")
     p = prepack_fp8(w)
     flat = p.codes.reshape(-1)
     rows, words = torch.meshgrid(torch.arange(n), torch.arange(k // 4), indexing="ij")
-    stored = flat[tiled_word_offset(rows, words, p.codes.shape[1])].contiguous().view(torch.uint8).view(n, k)
-    assert torch.equal(stored, w.weight.view(torch.uint8))
+    stored = flat[tiled_word_offset(rows, words, p.codes.shape[1])].to(torch.int64) & 0xFFFFFFFF
+    bits = torch.tensor(BYTE_BITS)  # (value in word, bit of the value) -> word bit
+    value = sum(((stored[:, :, None] >> bits[:, b]) & 1) << b for b in range(8))  # (n, k // 4, 4)
+    assert torch.equal(value.reshape(n, k).to(torch.uint8), w.weight.view(torch.uint8))
+    assert sorted(bits.flatten().tolist()) == list(range(32))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

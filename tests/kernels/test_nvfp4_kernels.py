@@ -119,3 +119,34 @@ def test_gemv_gated(device, split):
     ref = torch.nn.functional.silu(x.float() @ dequantize_nvfp4(gate).t()) * (x.float() @ dequantize_nvfp4(up).t())
     y = nvfp4_gemv(x, p, None, DecodeConfig(8, 256, split, 2, 1))
     assert ((y.float() - ref).norm() / ref.norm()).item() < 4e-3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_prefill_gemm(device, dtype):
+    """ANYFP4_PREFILL=fused: the decode kernel over several row tiles — plain + bias, gated, the float32 share;
+    every output written (poisoned first), repeated runs identical."""
+    from anyfp4.kernels.nvfp4_decode import FusedConfig, nvfp4_fused_gemm
+
+    n, k, m = 130, 272, 40  # 3 row tiles of 16 (the last partial), 3 column tiles of 64
+    gen = torch.Generator().manual_seed(9)
+    w, gate = random_weight(n, k, gen, device), random_weight(n, k, gen, device)
+    up = random_weight(n, k, gen, device, global_scale=gate.global_scale.cpu())
+    p, pg = prepack_nvfp4(w), prepack_nvfp4_gated(gate, up)
+    cfg = FusedConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=1)
+    x = torch.randn(m, k, generator=gen).to(dtype).to(device)
+    bias = torch.randn(n, generator=gen).to(dtype).to(device)
+    out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+    y = nvfp4_fused_gemm(x, p, bias, cfg, out=out)
+    ref = x.float() @ dequantize_nvfp4(w).t() + bias.float()
+    assert not torch.isnan(y).any()
+    assert ((y.float() - ref).norm() / ref.norm()).item() < tolerance(dtype)
+    assert torch.equal(y, nvfp4_fused_gemm(x, p, bias, cfg))
+    yg = nvfp4_fused_gemm(x, pg, None, cfg)
+    gref = torch.nn.functional.silu(x.float() @ dequantize_nvfp4(gate).t()) * (x.float() @ dequantize_nvfp4(up).t())
+    assert ((yg.float() - gref).norm() / gref.norm()).item() < 2 * tolerance(dtype)
+    y32 = nvfp4_fused_gemm(x, p, None, cfg, out_dtype=torch.float32)
+    assert y32.dtype == torch.float32
+    ref32 = x.double() @ dequantize_nvfp4(w).double().t()
+    assert ((y32.double() - ref32).norm() / ref32.norm()).item() < 1e-5  # fp32 accumulation of exact products
+    with pytest.raises(ValueError, match="block_k 96 must divide"):
+        nvfp4_fused_gemm(x, p, None, FusedConfig(block_k=96))

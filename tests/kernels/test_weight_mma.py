@@ -33,49 +33,69 @@ def kernel_constants():
     import re
 
     src = weight_mma._source()
-    bf16 = re.search(r"mul2\(mul2\(\(b << 4\) \| \(b << 20\), (0x[0-9A-Fa-f]+)u\), (0x[0-9A-Fa-f]+)u\)", src)
-    fp16 = re.search(r"mul2\(\(b << 7\) \| \(b << 23\), (0x[0-9A-Fa-f]+)u\)", src)
+    perm = re.search(r"const u32 b = __byte_perm\(s, 0u, (0x[0-9A-Fa-f]+)u \| \((0x[0-9A-Fa-f]+)u \* j\)\);", src)
+    bf16 = re.search(r"#if BF16\n\s+return b \* (\d+)u \+ (0x[0-9A-Fa-f]+)u;", src)
+    fp16 = re.search(r"#else\n\s+return b \* (\d+)u \+ (0x[0-9A-Fa-f]+)u;", src)
     units = dict(re.findall(r"#(?:el)?if (FP8 && BF16|FP8|BF16)\n\s+const float unit = ([0-9.e+]+)f;", src))
     units["fp16"] = re.search(r"#else\n\s+const float unit = ([0-9.e+]+)f;", src).group(1)
-    assert bf16 and fp16 and set(units) == {"FP8 && BF16", "FP8", "BF16", "fp16"}, units
-    return [int(c, 16) for c in bf16.groups()], int(fp16.group(1), 16), {k: float(v) for k, v in units.items()}
+    assert perm and bf16 and fp16 and set(units) == {"FP8 && BF16", "FP8", "BF16", "fp16"}, units
+    scale = {"perm": (int(perm.group(1), 16), int(perm.group(2), 16)),
+             "bf16": (int(bf16.group(1)), int(bf16.group(2), 16)), "fp16": (int(fp16.group(1)), int(fp16.group(2), 16))}
+    return scale, {k: float(v) for k, v in units.items()}
 
 
-def bf16_pair_const(c: int) -> torch.Tensor:
-    return torch.tensor([c & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+def byte_perm(x: torch.Tensor, y: int, sel: int) -> torch.Tensor:
+    """CUDA's __byte_perm(x, y, sel) (PRMT, default mode) on int64 words holding 32 bits."""
+    pool = [(x >> (8 * i)) & 0xFF for i in range(4)] + [torch.full_like(x, (y >> (8 * i)) & 0xFF) for i in range(4)]
+    return sum(pool[(sel >> (4 * i)) & 7] << (8 * i) for i in range(4))
+
+
+def scale_pair(s: torch.Tensor, j: int, bf16: bool, consts) -> torch.Tensor:
+    """weight_mma.cu's scale_pair in torch, with the source's constants (int64 words, 32-bit wrap)."""
+    base, per_j = consts["perm"]
+    mul, add = consts["bf16" if bf16 else "fp16"]
+    return (byte_perm(s, 0, base | (per_j * j)) * mul + add) & 0xFFFFFFFF
+
+
+def rotl(x: torch.Tensor, r: int) -> torch.Tensor:
+    """CUDA's __funnelshift_l(x, x, r) on int64 words holding 32 bits."""
+    return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
 
 
 def decode_pair(w: torch.Tensor, p: int, bf16: bool) -> torch.Tensor:
-    """weight_mma.cu's decode_pair in torch (int64 words, logical shifts)."""
-    if bf16:
-        if p < 3:
-            return (w << (3 * p)) & 0x81C081C0
-        return ((w >> 4) & 0x00C000C0) | ((w >> 6) & 0x01000100) | ((w << 2) & 0x80008000)
-    if p < 3:
-        return ((w << (3 * p + 3)) & 0x0E000E00) | ((w << (3 * p)) & 0x80008000)
-    return ((w >> 1) & 0x06000600) | ((w >> 3) & 0x08000800) | ((w << 2) & 0x80008000)
+    """weight_mma.cu's decode_pair in torch (int64 words holding 32 bits, logical shifts)."""
+    b = [(w << 2) & 0x81C081C0, (w << 6) & 0x81C081C0, rotl(w, 12) & 0x81C081C0,
+         (w & 0x81808180) | (rotl(w, 8) & 0x00400040)][p]
+    return b if bf16 else ((b << 3) & 0x0E000E00) | (b & 0x80008000)
 
 
 def test_nvfp4_pair_decode_and_scale_are_exact():
     """decode_pair on prepacked words / scale_pair / their product, with the kernel's own constants, times the
-    epilogue's unit, equal e2m1 * bs exactly for every code in every pair slot and every non-negative E4M3
-    scale byte."""
+    epilogue's unit, equal e2m1 * bs exactly for every code in every pair slot and every non-zero E4M3 scale
+    (as its prepacked byte, in each of the four byte slots of a scale word)."""
     from anyfp4.formats.fp8 import e4m3_decode as e4m3_to_float
     from anyfp4.formats.nvfp4 import e2m1_decode as e2m1_to_float
-    from anyfp4.kernels.nvfp4_prepack import _spread_words
+    from anyfp4.kernels.nvfp4_prepack import SCALE_BYTE, _spread_words
 
-    (c120, c_k), c16, units = kernel_constants()
+    consts, units = kernel_constants()
     lo, hi = torch.meshgrid(torch.arange(16), torch.arange(16), indexing="ij")
     lo, hi = lo.reshape(-1), hi.reshape(-1)  # every (first, second) code pair
     e2m1 = torch.stack([e2m1_to_float(lo.to(torch.uint8)), e2m1_to_float(hi.to(torch.uint8))], -1).double()
-    b = torch.arange(0, 0x7F, dtype=torch.int32)
+    b = torch.arange(1, 0x7F, dtype=torch.int64)  # every non-zero scale (a zero scale's codes are zero)
     bs = e4m3_to_float(b.to(torch.uint8)).double()
     want = e2m1[None] * bs[:, None, None]
-    k16 = torch.tensor([c16 & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.float16)
-    s16 = (halves((b << 7) | (b << 23), torch.float16)[:, 0].half() * k16).double()
-    assert torch.equal(s16, bs)
-    sb = halves((b << 4) | (b << 20), torch.bfloat16)[:, 0].bfloat16() * bf16_pair_const(c120)
-    sb = sb.bfloat16() * bf16_pair_const(c_k)
+    # the scale word of a thread: the four bytes of (row g: blocks 2t, 2t + 1; row g + 8: the same), noise around
+    gen = torch.Generator().manual_seed(1)
+    code = SCALE_BYTE[b].to(torch.int64)
+    for j in range(4):
+        noise = [torch.randint(0, 151, b.shape, generator=gen) for _ in range(4)]
+        noise[j] = code
+        word = sum(n << (8 * i) for i, n in enumerate(noise))
+        s16 = halves(scale_pair(word, j, False, consts), torch.float16)
+        assert torch.equal(s16, torch.stack([bs, bs], -1)), j
+        s_bf16 = halves(scale_pair(word, j, True, consts), torch.bfloat16)
+        assert torch.equal(s_bf16, torch.stack([bs, bs], -1) * 2.0**118), j
+    s16, sb = s16[:, 0], s_bf16[:, 0].bfloat16()
     gen = torch.Generator().manual_seed(0)
     for p in range(4):
         others = torch.randint(0, 16, (lo.numel(), 8), generator=gen)  # the other six codes of the word: noise
@@ -99,22 +119,55 @@ def test_nvfp4_pair_decode_and_scale_are_exact():
 def test_decode_pair_is_the_kernels():
     """The torch port above is the source's decode_pair, line for line."""
     src = weight_mma._source()
-    for line in ["if (p < 3) return (w << (3 * p)) & 0x81C081C0u;",
-                 "return ((w >> 4) & 0x00C000C0u) | ((w >> 6) & 0x01000100u) | ((w << 2) & 0x80008000u);",
-                 "if (p < 3) return ((w << (3 * p + 3)) & 0x0E000E00u) | ((w << (3 * p)) & 0x80008000u);",
-                 "return ((w >> 1) & 0x06000600u) | ((w >> 3) & 0x08000800u) | ((w << 2) & 0x80008000u);"]:
+    for line in ["if (p == 0) return (w << 2) & 0x81C081C0u;",
+                 "if (p == 1) return (w << 6) & 0x81C081C0u;",
+                 "if (p == 2) return __funnelshift_l(w, w, 12) & 0x81C081C0u;",
+                 "return (w & 0x81808180u) | (__funnelshift_l(w, w, 8) & 0x00400040u);",
+                 "const u32 b = decode_pair_bf16(w, p);",
+                 "return ((b << 3) & 0x0E000E00u) | (b & 0x80008000u);"]:
         assert line in src, line
 
 
-def test_fp8_pair_decode_is_exact():
-    from anyfp4.formats.fp8 import e4m3_decode as e4m3_to_float
+def decode_e4m3_pair(w: torch.Tensor, p: int, bf16: bool) -> torch.Tensor:
+    """weight_mma.cu's decode_e4m3_pair in torch before the bf16 multiply (int64 words holding 32 bits)."""
+    if bf16:
+        return w & 0x87F087F0 if p == 0 else ((w << 4) & 0x80F080F0) | (rotl(w, 12) & 0x07000700)
+    if p == 0:
+        return ((w << 3) & 0x3F803F80) | (w & 0x80008000)
+    return ((w << 7) & 0x07800780) | (rotl(w, 15) & 0x38003800) | ((w << 4) & 0x80008000)
 
-    b = torch.tensor([i for i in range(256) if (i & 0x7F) != 0x7F], dtype=torch.int32)  # finite E4M3
-    p = b | (b.flip(0) << 16)
-    ref = torch.stack([e4m3_to_float(b.to(torch.uint8)), e4m3_to_float(b.flip(0).to(torch.uint8))], -1).double()
-    assert torch.equal(halves(((p & 0x007F007F) << 7) | ((p & 0x00800080) << 8), torch.float16), ref * 2.0**-8)
-    bf = halves(((p & 0x007F007F) << 4) | ((p & 0x00800080) << 8), torch.bfloat16)
-    assert torch.equal((bf * 2.0**120), ref)
+
+def test_fp8_pair_decode_is_exact():
+    """Every finite E4M3 value in each of the four slots of a prepacked word (the other three random): pair 0 is
+    (k0, k2), pair 1 (k1, k3), as fp16 e4m3 * 2^-8 and as bf16 e4m3 * 2^-120 (times the source's 2^120)."""
+    from anyfp4.formats.fp8 import e4m3_decode as e4m3_to_float
+    from anyfp4.kernels.fp8_linear import _spread_fp8_words
+
+    finite = torch.tensor([i for i in range(256) if (i & 0x7F) != 0x7F], dtype=torch.int64)
+    assert "return mul2(bits, 0x7B807B80u);  // * 2^120" in weight_mma._source()
+    gen = torch.Generator().manual_seed(0)
+    for slot in range(4):
+        vals = [finite[torch.randint(0, finite.numel(), finite.shape, generator=gen)] for _ in range(4)]
+        vals[slot] = finite
+        words = sum(v << (8 * i) for i, v in enumerate(vals))
+        spread = _spread_fp8_words((words - ((words >> 31) << 32)).to(torch.int32)).to(torch.int64) & 0xFFFFFFFF
+        ref = [e4m3_to_float(v.to(torch.uint8)).double() for v in vals]
+        for p, (lo, hi) in enumerate([(0, 2), (1, 3)]):
+            want = torch.stack([ref[lo], ref[hi]], -1)
+            assert torch.equal(halves(decode_e4m3_pair(spread, p, False).to(torch.int32), torch.float16),
+                               want * 2.0**-8), (slot, p)
+            bf = halves(decode_e4m3_pair(spread, p, True).to(torch.int32), torch.bfloat16)
+            assert torch.equal(bf * 2.0**120, want), (slot, p)
+
+
+def test_fp8_pair_decode_is_the_kernels():
+    src = weight_mma._source()
+    for line in ["const u32 bits = p == 0 ? w & 0x87F087F0u",
+                 ": ((w << 4) & 0x80F080F0u) | (__funnelshift_l(w, w, 12) & 0x07000700u);",
+                 "if (p == 0) return ((w << 3) & 0x3F803F80u) | (w & 0x80008000u);",
+                 "return ((w << 7) & 0x07800780u) | (__funnelshift_l(w, w, 15) & 0x38003800u) | ((w << 4) & 0x80008000u);",
+                 "const u32 a0 = decode_e4m3_pair(va, 0), a2 = decode_e4m3_pair(va, 1);"]:
+        assert line in src, line
 
 
 def test_staging_permutation_matches_the_pairs():
@@ -131,6 +184,7 @@ def test_staging_permutation_matches_the_pairs():
 VARIANTS = [  # (FP8, NT, MT, WARPS, DEPTH, BF16, GATED, HAS_BIAS): every value of every flag at least once
     (0, 1, 1, 8, 2, 0, 0, 1), (0, 1, 2, 4, 4, 1, 0, 0), (0, 2, 1, 8, 2, 1, 1, 0), (0, 4, 1, 4, 2, 0, 1, 0),
     (0, 1, 1, 4, 8, 1, 0, 1), (1, 1, 1, 8, 2, 0, 0, 1), (1, 2, 2, 4, 4, 1, 0, 0), (1, 4, 1, 8, 2, 1, 1, 0),
+    (0, 4, 4, 2, 2, 1, 0, 0), (1, 4, 4, 2, 2, 0, 0, 1),
 ]
 
 
@@ -153,6 +207,18 @@ def test_stage_k_fits_the_shared_memory_it_is_given():
             assert 128 <= kc <= 4096 and kc & (kc - 1) == 0
             assert m * (kc // 2 + 4) * 4 <= cap or kc == 128
             assert kc == 4096 or m * (kc + 4) * 4 > cap  # the largest that fits
+
+
+def test_rounds_are_whole_passes_of_the_ring_on_every_supported_gpu():
+    """The kernel stages activations only at the start of a pass over its ring: kc must be a multiple of
+    DEPTH steps. The smallest opt-in shared memory of an sm_80+ GPU (99 KiB on sm_86/89, less 1 KiB) fits that
+    for every M and depth, so the launcher's error for it cannot fire there."""
+    for m in range(1, 33):
+        for step in weight_mma.STEP_K.values():
+            for depth in (2, 4, 8):
+                least = depth * step
+                kc = weight_mma.stage_k(m, 99 * 1024 - 1024, least)
+                assert kc % least == 0 and weight_mma.stage_bytes_for(m, kc) <= 99 * 1024 - 1024
 
 
 def test_heuristic_configs_fit_every_prepack():
@@ -185,7 +251,8 @@ def linear(x, p):
     return torch.ops.anyfp4.nvfp4_linear(x, p.codes, p.scales, p.global_scale, None, p.out_features, p.in_features)
 
 
-CONFIGS = [MMAConfig(1, 8, 1, 2), MMAConfig(1, 4, 3, 4), MMAConfig(2, 4, 5, 2), MMAConfig(1, 8, 8, 8)]
+CONFIGS = [MMAConfig(1, 8, 1, 2), MMAConfig(1, 4, 3, 4), MMAConfig(2, 4, 5, 2), MMAConfig(1, 8, 8, 8),
+           MMAConfig(4, 2, 3, 2)]
 
 
 def check_kernel(kernel, p, pg, wd, gd, ud, bias, ms, gen):
@@ -194,7 +261,7 @@ def check_kernel(kernel, p, pg, wd, gd, ud, bias, ms, gen):
     dtype, (n, k) = bias.dtype, wd.shape
     tol = 5e-4 if dtype == torch.float16 else 4e-3
     for m, cfg in itertools.product(ms, CONFIGS):
-        if cfg.mt == 2 and m > 16:
+        if (cfg.mt == 2 and m > 16) or (cfg.mt == 4 and m <= 8):  # the families the sweep times
             continue
         x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
         out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")

@@ -105,6 +105,9 @@ def _describe_fp8(module: str, index: TensorIndex) -> LayerSpec:
     n, k = info.shape
     _expect(index, scale, (torch.float32,), ((), (1,), (n,), (n, 1)), "FP8 weight scale")
     tensors = {"weight": weight, "scale": scale}
+    if f"{module}.input_scale" in index:  # W8A8 checkpoints: the static activation scale
+        _expect(index, f"{module}.input_scale", (torch.float32,), ((), (1,)), "FP8 input scale")
+        tensors["input_scale"] = f"{module}.input_scale"
     _add_bias(module, n, index, tensors)
     return LayerSpec(module, WeightFormat.FP8, n, k, MappingProxyType(tensors))
 

@@ -83,7 +83,11 @@ class CheckpointReader:
         scale = self.load(t["scale"])
         self._check_positive_scalar(t["scale"], scale, "FP8 weight scale")
         scale = scale.reshape(-1) if scale.numel() == layer.out_features and scale.numel() > 1 else scale.reshape(())
-        return FP8Weight(weight, scale.float())
+        input_scale = None
+        if "input_scale" in t:
+            input_scale = self.load(t["input_scale"]).reshape(())
+            self._check_positive_scalar(t["input_scale"], input_scale, "FP8 input scale")
+        return FP8Weight(weight, scale.float(), input_scale.float() if input_scale is not None else None)
 
     def load_dense(self, layer: LayerSpec) -> torch.Tensor:
         weight = self.load(layer.tensors["weight"])

@@ -75,10 +75,13 @@ class FP8Weight:
     """A weight-only FP8 linear: ``W[n, k] = float(weight[n, k]) * scale[n or ()]``.
 
     weight: (N, K) float8_e4m3fn. scale: float32, shape () per tensor or (N,) per channel.
+    input_scale: a W8A8 checkpoint's static activation scale (float32, shape ()), or None; the weight's
+    value does not depend on it (only the opt-in W8A8 prefill uses it).
     """
 
     weight: torch.Tensor
     scale: torch.Tensor
+    input_scale: torch.Tensor | None = None
 
     @property
     def per_channel(self) -> bool:

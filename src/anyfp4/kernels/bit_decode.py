@@ -31,18 +31,50 @@ def _shr(x, s: tl.constexpr):
 
 
 @triton.jit
+def _bits_to(words, src: tl.constexpr, dst: tl.constexpr, n: tl.constexpr):
+    """``n`` bits of ``words`` from bit ``src`` moved to bit ``dst`` (others zero). An arithmetic right shift of
+    int32 is harmless: the copied sign bits land at ``32 - shift`` and up, above ``dst + n``."""
+    mask: tl.constexpr = ((1 << n) - 1) << dst
+    if mask >= 2147483648:  # the sign bit: as an int32 literal
+        out = _shr(words, src - dst) & (mask - 4294967296)
+    else:
+        out = _shr(words, src - dst) & mask
+    return out
+
+
+@triton.jit
+def _code_fp16(words, m0: tl.constexpr, m1: tl.constexpr, m2: tl.constexpr, sign: tl.constexpr):
+    """The code with magnitude bits at ``m0, m1, m2`` and sign at ``sign`` -> fp16 bits, magnitude at 9-11, sign 15."""
+    if m1 == m0 + 1 and m2 == m0 + 2:
+        bits = _bits_to(words, m0, 9, 3)
+    elif m2 == m1 + 1:
+        bits = _bits_to(words, m0, 9, 1) | _bits_to(words, m1, 10, 2)
+    else:
+        bits = _bits_to(words, m0, 9, 1) | _bits_to(words, m1, 10, 1) | _bits_to(words, m2, 11, 1)
+    return bits | _bits_to(words, sign, 15, 1)
+
+
+@triton.jit
 def e2m1_fp16_at(words, i: tl.constexpr):
     """Code ``i`` (0..7, checkpoint order) of prepacked words -> fp16 ``e2m1 * 2^-14`` (subnormal 0.5
-    included). Pair ``i % 4`` of ``nvfp4_prepack.WORD_BITS``, bits + 16 for ``i >= 4``; the fp16 bits are
-    magnitude at 9-11, sign at 15. Arithmetic shifts of int32 are harmless: every mask lies below the
-    copied sign bits."""
-    p: tl.constexpr = i % 4
-    base: tl.constexpr = 16 * (i // 4)
-    if p < 3:
-        mag: tl.constexpr = base + 6 - 3 * p
-        bits = (_shr(words, mag - 9) & 0x0E00) | (_shr(words, mag + 9 - 15) & 0x8000)
+    included): its bits gathered from where ``nvfp4_prepack.CODE_BITS`` puts them (the positions below are
+    that table's; the kernels' reference tests fail if the two part)."""
+    if i == 0:
+        bits = _code_fp16(words, 4, 5, 6, 13)
+    elif i == 1:
+        bits = _code_fp16(words, 0, 1, 2, 9)
+    elif i == 2:
+        bits = _code_fp16(words, 26, 27, 28, 3)
+    elif i == 3:
+        bits = _code_fp16(words, 30, 7, 8, 15)
+    elif i == 4:
+        bits = _code_fp16(words, 20, 21, 22, 29)
+    elif i == 5:
+        bits = _code_fp16(words, 16, 17, 18, 25)
+    elif i == 6:
+        bits = _code_fp16(words, 10, 11, 12, 19)
     else:
-        bits = (_shr(words, base + 1) & 0x0600) | (_shr(words, base + 3) & 0x0800) | (_shr(words, base - 2) & 0x8000)
+        bits = _code_fp16(words, 14, 23, 24, 31)
     return bits.to(tl.int16).to(tl.float16, bitcast=True)
 
 
@@ -58,11 +90,33 @@ def decode_words_fp16(words, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def block_scale_fp16(b):
-    """Non-negative E4M3 block-scale bytes -> fp16 ``bs * 2^-8`` (subnormals included)."""
+    """Prepacked block-scale bytes (``nvfp4_prepack.SCALE_BYTE``: ``(e + 10) << 3 | m``) -> fp16 ``bs * 2^-5``,
+    exactly (a normal fp16 for every non-zero scale; 0 for zero)."""
     return (b.to(tl.int16) << 7).to(tl.float16, bitcast=True)
 
 
 @triton.jit
-def e4m3_fp16(b):
-    """Signed E4M3 bytes (low 8 bits of ``b``) -> fp16 ``e4m3 * 2^-8`` (finite values)."""
-    return (((b & 0x7F) << 7) | ((b & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True)
+def fp8_fp16_at(words, i: tl.constexpr):
+    """Value ``i`` (0..3, k = 4j + i) of FP8 prepacked words -> fp16 ``e4m3 * 2^-8`` (finite values, subnormals
+    included): its magnitude moved to fp16 bits 7-13 and its sign to 15 from where ``fp8_linear.BYTE_BITS``
+    puts them. Arithmetic shifts of int32 are harmless: every mask lies below the copied sign bits."""
+    if i == 0:  # magnitude 4-10, sign 15
+        bits = ((words << 3) & 0x3F80) | (words & 0x8000)
+    elif i == 1:  # magnitude 0-3 and 28-30, sign 11
+        bits = ((words << 7) & 0x0780) | ((words >> 17) & 0x3800) | ((words << 4) & 0x8000)
+    elif i == 2:  # magnitude 20-26, sign 31
+        bits = ((words >> 13) & 0x3F80) | ((words >> 16) & 0x8000)
+    else:  # magnitude 16-19 and 12-14, sign 27
+        bits = ((words >> 9) & 0x0780) | ((words >> 1) & 0x3800) | ((words >> 12) & 0x8000)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def fp8_checkpoint_words(words):
+    """FP8 prepacked words -> checkpoint-order words (value i of k = 4j + i as E4M3 bits 8i .. 8i + 7): the inverse
+    of ``fp8_linear.BYTE_BITS`` (whose positions these are)."""
+    v0 = _bits_to(words, 4, 0, 7) | _bits_to(words, 15, 7, 1)
+    v1 = _bits_to(words, 0, 8, 4) | _bits_to(words, 28, 12, 3) | _bits_to(words, 11, 15, 1)
+    v2 = _bits_to(words, 20, 16, 7) | _bits_to(words, 31, 23, 1)
+    v3 = _bits_to(words, 16, 24, 4) | _bits_to(words, 12, 28, 3) | _bits_to(words, 27, 31, 1)
+    return v0 | v1 | v2 | v3

@@ -1,15 +1,22 @@
 """FP8 (E4M3) weight-only linear: prepack, an M = 1 GEMV kernel, and dequantize + cuBLAS otherwise.
 
 Prepack (``FP8Prepacked``): ``codes`` (N_pad, K_pad // 4) int32, word ``j`` of a row holding the
-E4M3 bytes of ``k = 4j .. 4j + 3`` (checkpoint byte order), the words stored in tiles of 16 rows x
-16 words (64 k) like the NVFP4 prepack's (``nvfp4_prepack.tile_words``: one contiguous 1 KiB read per
-warp and step of the CUDA kernel); ``scales`` (N_pad,) float32 per
-output channel (a per-tensor scale is broadcast, so fused projections concatenate exactly);
-padding holds zeros. A gated prepack stacks gate and up, up starting at row ``up_offset``.
+E4M3 values of ``k = 4j .. 4j + 3``, the words stored in tiles of 16 rows x 16 words (64 k) like the
+NVFP4 prepack's (``nvfp4_prepack.tile_words``: one contiguous 1 KiB read per warp and step of the
+CUDA kernel); ``scales`` (N_pad,) float32 per output channel (a per-tensor scale is broadcast, so
+fused projections concatenate exactly); padding holds zeros. A gated prepack stacks gate and up,
+up starting at row ``up_offset``.
 
-Decoding is integer bit arithmetic, as for NVFP4: ``((b & 0x7F) << 7) | ((b & 0x80) << 8)`` read
-as fp16 bits is exactly ``e4m3(b) * 2^-8`` (subnormals included), widened to float32; the
-epilogue multiplies by ``scale[n] * 2^8``.
+Inside a word the bits of the four values are placed (``BYTE_BITS``) for the CUDA kernel's bf16
+decode, which forms two bf16 pairs, (k0, k2) and (k1, k3), each value's 7 magnitude bits at 4-10 and
+its sign at 15 of a half: pair (k0, k2) is ``w & 0x87F087F0`` (k0 stored there as is, k2 16 bits up),
+pair (k1, k3) is ``((w << 4) & 0x80F080F0) | (rotl(w, 12) & 0x07000700)`` (four operations; no
+layout makes both pairs one shift and one mask). The magnitude bits read as bf16 are
+``e4m3 * 2^-120`` (subnormals included).
+
+Decoding in the Triton kernels is integer bit arithmetic too (``bit_decode.fp8_fp16_at``): each
+value's magnitude at fp16 bits 7-13 and sign at 15 is exactly ``e4m3 * 2^-8``, widened to float32;
+the epilogue multiplies by ``scale[n] * 2^8``.
 """
 
 from __future__ import annotations
@@ -22,9 +29,25 @@ import triton.language as tl
 
 from ..env import triton_interpret
 from ..formats.fp8 import FP8Weight
-from .bit_decode import e4m3_fp16, tiled_word_offset
+from .bit_decode import fp8_fp16_at, tiled_word_offset
 from .nvfp4_dequant import round_to_output, workspace
-from .nvfp4_prepack import K_ALIGN, ROW_ALIGN, TILE_ROWS, _round_up, tile_words, untile_words
+from .nvfp4_prepack import (K_ALIGN, ROW_ALIGN, TILE_ROWS, _round_up, gather_bits, spread_bits, tile_words,
+                            untile_words)
+
+
+# for value i (k = 4j + i) of word j: the word bit holding each of its E4M3 bits 0..7 (bit 7: the sign)
+BYTE_BITS = ((4, 5, 6, 7, 8, 9, 10, 15), (0, 1, 2, 3, 28, 29, 30, 11),
+             (20, 21, 22, 23, 24, 25, 26, 31), (16, 17, 18, 19, 12, 13, 14, 27))
+
+
+def _spread_fp8_words(words: torch.Tensor) -> torch.Tensor:
+    """Checkpoint-order words (value i in bits 8i .. 8i + 7) -> the layout of ``BYTE_BITS``."""
+    return spread_bits(words, BYTE_BITS)
+
+
+def _gather_fp8_words(words: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``_spread_fp8_words``."""
+    return gather_bits(words, BYTE_BITS)
 
 
 @dataclass(frozen=True)
@@ -52,7 +75,7 @@ def _pad(weight: FP8Weight, device) -> tuple[torch.Tensor, torch.Tensor]:
         from .weight_mma import reserve_counters
 
         reserve_counters(torch.device(device))
-    return tile_words(codes.view(torch.int32)), scales
+    return tile_words(_spread_fp8_words(codes.view(torch.int32))), scales
 
 
 def prepack_fp8(weight: FP8Weight, device=None) -> FP8Prepacked:
@@ -72,7 +95,7 @@ def prepack_fp8_gated(gate: FP8Weight, up: FP8Weight, device=None) -> FP8Prepack
 def unprepack_fp8(p: FP8Prepacked, row0: int = 0) -> FP8Weight:
     """The exact inverse of the prepack (scales per channel); ``row0 = up_offset`` gives the up half."""
     n, k = p.out_features, p.in_features
-    rows = untile_words(p.codes[row0:row0 + _round_up(n, TILE_ROWS)])  # only this half's row blocks
+    rows = _gather_fp8_words(untile_words(p.codes[row0:row0 + _round_up(n, TILE_ROWS)]))  # this half's row blocks
     weight = rows.view(torch.uint8)[:n, :k].contiguous().view(torch.float8_e4m3fn)
     return FP8Weight(weight, p.scales[row0:row0 + n].clone())
 
@@ -84,8 +107,7 @@ def _fp8_row_tile(x_ptr, codes_ptr, rows, t, j, K, stride_c, BLOCK_K: tl.constex
     for i in tl.static_range(4):
         kk = t * BLOCK_K + j * 4 + i
         xi = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-        b = words >> (8 * i)
-        w = e4m3_fp16(b).to(tl.float32)
+        w = fp8_fp16_at(words, i).to(tl.float32)
         part += w * xi[None, :]
     return tl.sum(part, axis=1)
 
@@ -124,8 +146,9 @@ def fp8_dequant_kernel(codes_ptr, scales_ptr, out_ptr, N, K, ROW0, stride_c, str
     k0 = tl.program_id(1) * BLOCK_K
     rows = ROW0 + offs_n
     words = tl.load(codes_ptr + tiled_word_offset(rows[:, None], (k0 // 4 + tl.arange(0, BLOCK_K // 4))[None, :], stride_c))
-    b = tl.reshape((words[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]), (BLOCK_N, BLOCK_K))
-    w = e4m3_fp16(b).to(tl.float32)
+    v0, v1, v2, v3 = fp8_fp16_at(words, 0), fp8_fp16_at(words, 1), fp8_fp16_at(words, 2), fp8_fp16_at(words, 3)
+    # join stacks on a new last axis: this nesting puts value 2a + b at [a, b], i.e. in k order
+    w = tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (BLOCK_N, BLOCK_K)).to(tl.float32)
     y = (w * 256.0) * tl.load(scales_ptr + rows)[:, None]
     offs_k = k0 + tl.arange(0, BLOCK_K)
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)

@@ -7,10 +7,10 @@ launch). Weights come from ``nvfp4_prepack.NVFP4Prepacked``.
 How a weight tile is decoded, all in integer bit arithmetic (no FP4/FP8 conversion
 instructions, so the same source compiles for sm_70 .. sm_90):
 
-- a 32-bit word holds 8 E2M1 codes (``nvfp4_prepack.WORD_BITS``); magnitude at bits 9-11 and
+- a 32-bit word holds 8 E2M1 codes (``nvfp4_prepack.CODE_BITS``); magnitude at bits 9-11 and
   sign at bit 15, read as fp16 bits, is exactly ``e2m1(c) * 2^-14`` (subnormal 0.5 included);
-- an E4M3 block-scale byte ``b >= 0``: ``(b << 7)`` read as fp16 bits is exactly ``bs * 2^-8``,
-  times 256 gives ``bs`` (subnormals included);
+- a prepacked block-scale byte ``b`` (``nvfp4_prepack.SCALE_BYTE``): ``(b << 7)`` read as fp16 bits
+  is exactly ``bs * 2^-5``, times 32 gives ``bs``;
 - ``e2m1 * bs * 2^-14`` is exact in fp16 (at most 6 significant bits, within [2^-24, 0.17]),
   so the tensor-core dot of that tile with the activations is exact up to fp32 accumulation;
   the output is multiplied once by ``global_scale * 2^14``.
@@ -53,7 +53,7 @@ def _decode_weight_tile(codes_ptr, scales_ptr, offs_n, k0, stride_c, stride_s,
     words = tl.load(codes_ptr + tiled_word_offset(offs_n[:, None], (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :], stride_c))
     w = decode_words_fp16(words, BLOCK_N, BLOCK_K)
     sb = tl.load(scales_ptr + tiled_scale_offset(offs_n[:, None], (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :], stride_s))
-    s = block_scale_fp16(sb) * 256.0
+    s = block_scale_fp16(sb) * 32.0
     w = tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * s.to(tl.float16)[:, :, None]
     return tl.reshape(w, (BLOCK_N, BLOCK_K))
 
@@ -105,11 +105,12 @@ def nvfp4_decode_kernel(
 ):
     """x: (M, K) fp16/bf16 row-major, or block-packed (X_PACKED); codes/scales: prepack layout;
     out: (M, N_OUT). GATED: gate rows [0, N_OUT), up rows [UP_OFFSET, UP_OFFSET + N_OUT).
-    USE_PARTIAL (SPLIT_K > 1): sums go to partial (SPLIT_K, M, N_OUT * (2 if GATED else 1)) float32."""
+    USE_PARTIAL (SPLIT_K > 1): sums go to partial (SPLIT_K, M, N_OUT * (2 if GATED else 1)) float32.
+    Grid: (N tiles, SPLIT_K, M tiles); decode calls have one M tile, the fused prefill GEMM several."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for it in range(0, K_ITERS):
@@ -215,4 +216,42 @@ def nvfp4_decode_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | N
             BLOCK_R=block_r, HAS_BIAS=bias is not None, GATED=gated, INTERPRET=triton_interpret(),
             num_warps=4,
         )
+    return out
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 128
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def nvfp4_fused_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None,
+                     config: FusedConfig = FusedConfig(), out: torch.Tensor | None = None,
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Prefill without a dense copy of the weight (``ANYFP4_PREFILL=fused``): the decode kernel over tiles of
+    ``block_m`` rows, each decoding its weight tiles in registers for ``tl.dot``. x (M, K) -> (M, N); a gated
+    prepack gives silu(gate) * up; ``out_dtype=float32``: the output unrounded (with a unit global scale: the
+    sums before the global scale, a tensor-parallel rank's share)."""
+    m, k = x.shape
+    c = config
+    k_pad = w.codes.shape[1] * 8
+    if k_pad % c.block_k or 128 % c.block_n:
+        raise ValueError(f"block_k {c.block_k} must divide K_pad {k_pad} and block_n {c.block_n} divide 128")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if out is None:
+        out = torch.empty(m, w.out_features, dtype=out_dtype or x.dtype, device=x.device)
+    bias_arg = bias if bias is not None else out
+    grid = (triton.cdiv(w.out_features, c.block_n), 1, triton.cdiv(m, c.block_m))
+    nvfp4_decode_kernel[grid](
+        x, w.codes, w.scales, w.global_scale, bias_arg, out, out,
+        m, k, w.out_features, w.up_offset, c.block_m, k_pad // c.block_k, 1,
+        x.stride(0), w.codes.stride(0), w.scales.stride(0), out.stride(0),
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_PARTIAL=False,
+        HAS_BIAS=bias is not None, GATED=w.gated, X_PACKED=False, INTERPRET=triton_interpret(),
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )
     return out

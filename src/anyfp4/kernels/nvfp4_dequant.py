@@ -45,9 +45,9 @@ def nvfp4_dequant_kernel(
     words = tl.load(codes_ptr + tiled_word_offset(rows[:, None], (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :], stride_c))
     w = decode_words_fp16(words, BLOCK_N, BLOCK_K).to(tl.float32)  # e2m1 * 2^-14, exact
     sb = tl.load(scales_ptr + tiled_scale_offset(rows[:, None], (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :], stride_s))
-    s = block_scale_fp16(sb).to(tl.float32)  # block scale * 2^-8, exact
-    # (e2m1 * 2^-14) * (bs * 2^-8) is exact; * 2^22 restores it; * global scale is the one rounding
-    prod = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * s[:, :, None], (BLOCK_N, BLOCK_K)) * 4194304.0
+    s = block_scale_fp16(sb).to(tl.float32)  # block scale * 2^-5, exact
+    # (e2m1 * 2^-14) * (bs * 2^-5) is exact; * 2^19 restores it; * global scale is the one rounding
+    prod = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * s[:, :, None], (BLOCK_N, BLOCK_K)) * 524288.0
     y = prod * tl.load(gscale_ptr)
     offs_k = k0 + tl.arange(0, BLOCK_K)
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)

@@ -9,9 +9,9 @@ arithmetic and multiply-adds it with the matching activations in float32. Everyt
 the layout of the loaded words (no shared-memory round trip), which is what makes it faster
 than the tensor-core kernel at M = 1 (benchmarks/NOTES.md).
 
-Per 16-element block the partial sum is multiplied by the block scale once: the E4M3 byte
-``b`` shifted to ``b << 20`` is, as float32 bits, exactly ``bs * 2^-120`` (E4M3 subnormals land
-on float32 subnormals), and ``* 2^120`` restores ``bs``. E2M1 codes decode to fp16 bits
+Per 16-element block the partial sum is multiplied by the block scale once: the prepacked
+scale byte ``b`` (``nvfp4_prepack.SCALE_BYTE``) shifted to ``b << 20`` is, as float32 bits,
+exactly ``bs * 2^-117`` (a normal float32, or 0), and ``* 2^117`` restores ``bs``. E2M1 codes decode to fp16 bits
 (magnitude at 9-11, sign at 15) = ``e2m1 * 2^-14`` exactly, widened to float32; the
 epilogue multiplies by ``global_scale * 2^14``.
 """
@@ -33,7 +33,7 @@ def _row_tile_dot(x_ptr, codes_ptr, scales_ptr, rows, t, j, K, stride_c, stride_
     """sum over one K tile of (e2m1 * 2^-14) * bs * x, per row: (BLOCK_N,) float32."""
     words = tl.load(codes_ptr + tiled_word_offset(rows[:, None], (t * (BLOCK_K // 8) + j)[None, :], stride_c))
     sb = tl.load(scales_ptr + tiled_scale_offset(rows[:, None], (t * (BLOCK_K // 16) + j // 2)[None, :], stride_s))
-    scale = (sb.to(tl.int32) << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # * 2^120
+    scale = (sb.to(tl.int32) << 20).to(tl.float32, bitcast=True) * 1.6615349947311448e35  # * 2^117
     part = tl.zeros(words.shape, dtype=tl.float32)
     for i in tl.static_range(8):
         kk = t * BLOCK_K + j * 8 + i

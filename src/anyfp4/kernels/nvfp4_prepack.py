@@ -9,15 +9,24 @@ padded to ``N_pad`` (a multiple of ``ROW_ALIGN``) and ``K_pad`` (a multiple of `
   reads one tile per step as one contiguous 1 KiB stretch (``tiled_word_offset``); the 2-D shape
   only keeps the byte count (every 16 rows of it are one row block, so gate and up halves stack
   with ``torch.cat``).
-- inside a word, the 8 codes of ``k = 8j .. 8j + 7`` (checkpoint codes c0..c7) sit as four
-  pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) — the first code in bits 0-15, the second the
-  same bits + 16 — each code's magnitude (3 bits) and sign placed so that most pairs become a
-  bf16 pair with one shift and one mask (``WORD_BITS``: pair 0: magnitude bits 6-8, sign 15;
-  pair 1: 3-5, 12; pair 2: 0-2, 9; pair 3: magnitude bits 0-1 at 10-11, bit 2 at 14, sign 13).
-  ``(w << 3p) & 0x81C081C0`` is then pair p = 0, 1, 2 as bf16 bits ``e2m1 * 2^-126``.
-- ``scales``: (N_pad, K_pad // 16) uint8, the raw E4M3 block-scale bytes (non-negative) in the
-  same tiles: per 16 rows x 128 k, 128 bytes ordered (row % 8, block // 2, row // 8, block % 2),
-  so a thread of the CUDA kernel gets the four scales it needs in one 32-bit load.
+- inside a word, the 8 codes of ``k = 8j .. 8j + 7`` (checkpoint codes c0..c7) have their bits
+  (magnitude bits 0-2 and sign) where ``CODE_BITS`` says, placed for the CUDA kernel's bf16
+  decode of the pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7): a pair is two bf16 values
+  ``e2m1 * 2^-126`` with the first code's magnitude at bits 6-8 and sign at 15, the second's at
+  22-24 and 31, and the layout makes that ``(w << 2) & 0x81C081C0``, ``(w << 6) & 0x81C081C0``,
+  ``rotl(w, 12) & 0x81C081C0`` and ``(w & 0x81808180) | (rotl(w, 8) & 0x00400040)`` — nine
+  operations per word, the fewest of any layout (an exhaustive search over the shift amounts:
+  no layout lets every pair be one shift and one mask, and none does it in eight).
+- ``scales``: (N_pad, K_pad // 16) uint8 block scales in the same tiles: per 16 rows x 128 k, 128
+  bytes ordered (row % 8, block // 2, row // 8, block % 2), so a thread of the CUDA kernel gets the
+  four scales it needs in one 32-bit load. Each byte is the E4M3 scale re-encoded without
+  subnormals (``SCALE_BYTE``): ``bs = 2^e * (1 + m / 8)`` (every E4M3 value has this form with
+  e in -9..8) is stored as ``(e + 10) << 3 | m``, and zero as 0. Shifted into a float's exponent
+  field that byte is ``bs`` times a power of two for every scale, so a kernel converts it with one
+  shift and one add (``(byte << 4) + (235 << 7)`` is bf16 ``bs * 2^118``, ``(byte << 7)`` fp16
+  ``bs * 2^-5``, ``(byte << 20)`` float32 ``bs * 2^-117``) — except a zero scale, which an add
+  can make nonzero: the codes of a block whose scale is zero (+0 or -0) are stored as zero, so
+  the block decodes to exact zeros however its scale converts.
 - ``global_scale``: (1,) float32 on the device, so no host sync is needed to read it.
 
 Padding holds code 0 (value 0) and scale 0, so padded rows and columns contribute exact zeros
@@ -35,8 +44,34 @@ from ..formats.nvfp4 import GROUP_SIZE, NVFP4Weight
 ROW_ALIGN = 128  # the largest row tile of any NVFP4 kernel configuration
 K_ALIGN = 256  # the largest K tile
 TILE_ROWS, TILE_K = 16, 128  # the storage tile of codes and scales
-# per pair p (codes p and p + 4): (position of magnitude bits 0-1, of magnitude bit 2, of the sign) in 16 bits
-WORD_BITS = ((6, 8, 15), (3, 5, 12), (0, 2, 9), (10, 14, 13))
+# per code i (k = 8j + i) of word j: the word bits holding its magnitude bits 0, 1, 2 and its sign
+CODE_BITS = ((4, 5, 6, 13), (0, 1, 2, 9), (26, 27, 28, 3), (30, 7, 8, 15),
+             (20, 21, 22, 29), (16, 17, 18, 25), (10, 11, 12, 19), (14, 23, 24, 31))
+SCALE_EXP_BIAS = 10  # a prepacked scale byte is (e + SCALE_EXP_BIAS) << 3 | m for bs = 2^e * (1 + m / 8)
+_NOT_A_SCALE = 0xFF  # SCALE_BYTE's mark for E4M3 bytes that are no block scale (negative, NaN)
+
+
+def _scale_byte_table() -> torch.Tensor:
+    """E4M3 byte -> prepacked scale byte (256 entries, uint8); ``_NOT_A_SCALE`` for negative and NaN bytes."""
+    table = torch.full((256,), _NOT_A_SCALE, dtype=torch.uint8)
+    for b in range(0x7F):  # non-negative finite: 0x00 .. 0x7E
+        exp_field, m = b >> 3, b & 7
+        if exp_field == 0 and m == 0:
+            code = 0
+        elif exp_field == 0:  # subnormal m * 2^-9: normalize
+            e = m.bit_length() - 1
+            code = (e - 9 + SCALE_EXP_BIAS) << 3 | ((m << (3 - e)) & 7)
+        else:
+            code = (exp_field - 7 + SCALE_EXP_BIAS) << 3 | m
+        table[b] = code
+    table[0x80] = 0  # -0
+    return table
+
+
+SCALE_BYTE = _scale_byte_table()
+# prepacked scale byte -> E4M3 byte (+0 for zero)
+E4M3_OF_SCALE_BYTE = torch.zeros(256, dtype=torch.uint8).index_put_(
+    (SCALE_BYTE[:0x7F].long(),), torch.arange(0x7F, dtype=torch.uint8))
 
 
 def _round_up(v: int, m: int) -> int:
@@ -69,7 +104,9 @@ def prepack_nvfp4(weight: NVFP4Weight, device: torch.device | str | None = None)
     codes = torch.zeros(n_pad, k_pad // 2, dtype=torch.uint8, device=device)
     codes[:n, : k // 2] = weight.packed.to(device)
     scales = torch.zeros(n_pad, k_pad // GROUP_SIZE, dtype=torch.uint8, device=device)
-    scales[:n, : k // GROUP_SIZE] = weight.block_scale.to(device).view(torch.uint8)
+    scales[:n, : k // GROUP_SIZE] = _encode_scales(weight.block_scale.to(device).view(torch.uint8))
+    # a zero scale's block holds zero codes (see the module docstring)
+    codes.view(n_pad, k_pad // GROUP_SIZE, GROUP_SIZE // 2).masked_fill_((scales == 0)[:, :, None], 0)
     codes, scales = tile_words(_spread_words(codes.view(torch.int32))), _tile_scales(scales)
     global_scale = weight.global_scale.to(device=device, dtype=torch.float32).reshape(1).clone()
     if device.type == "cuda":
@@ -92,30 +129,54 @@ def prepack_nvfp4_gated(gate: NVFP4Weight, up: NVFP4Weight, device: torch.device
                           gate.shape[0], gate.shape[1], up_offset=half)
 
 
-def _spread_words(words: torch.Tensor, rows_per_chunk: int = 1024) -> torch.Tensor:
-    """Checkpoint-order words (code i in bits 4i..4i+3) -> the pair layout of ``WORD_BITS`` (in chunks of
-    rows, so the int64 working copies stay small next to the layer)."""
+def _encode_scales(e4m3: torch.Tensor, rows_per_chunk: int = 4096) -> torch.Tensor:
+    """E4M3 block-scale bytes -> prepacked scale bytes (``SCALE_BYTE``), in chunks of rows; a negative or NaN
+    scale is an error."""
+    table = SCALE_BYTE.to(e4m3.device)
+    out = torch.empty_like(e4m3)
+    for r in range(0, e4m3.shape[0], rows_per_chunk):
+        out[r:r + rows_per_chunk] = table[e4m3[r:r + rows_per_chunk].long()]
+    bad = out == _NOT_A_SCALE
+    if bad.any():
+        row, block = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{int(bad.sum())} NVFP4 block scale(s) are negative or NaN (first: row {row}, block {block}, "
+                         f"byte 0x{int(e4m3[row, block]):02X}); block scales must be finite and non-negative")
+    return out
+
+
+def spread_bits(words: torch.Tensor, table, rows_per_chunk: int = 1024) -> torch.Tensor:
+    """Checkpoint-order int32 words (field i, of ``len(table[i])`` bits, at bit ``i * len(table[i])``) -> the
+    layout where bit b of field i sits at word bit ``table[i][b]`` (in chunks of rows, so the int64 working
+    copies stay small next to the layer). NVFP4 uses ``CODE_BITS``, FP8 ``fp8_linear.BYTE_BITS``."""
     out = torch.empty_like(words)
     for r in range(0, words.shape[0], rows_per_chunk):
         u = words[r:r + rows_per_chunk].to(torch.int64) & 0xFFFFFFFF
         acc = torch.zeros_like(u)
-        for i in range(8):
-            (lo2, bit2, sign), base = WORD_BITS[i % 4], 16 * (i // 4)
-            c = (u >> (4 * i)) & 0xF
-            acc |= ((c & 3) << (base + lo2)) | (((c >> 2) & 1) << (base + bit2)) | ((c >> 3) << (base + sign))
+        for i, bits in enumerate(table):
+            for b, pos in enumerate(bits):
+                acc |= ((u >> (len(bits) * i + b)) & 1) << pos
         out[r:r + rows_per_chunk] = (acc - ((acc >> 31) << 32)).to(torch.int32)
     return out
 
 
-def _gather_words(words: torch.Tensor) -> torch.Tensor:
-    """The inverse of ``_spread_words``."""
+def gather_bits(words: torch.Tensor, table) -> torch.Tensor:
+    """The inverse of ``spread_bits``."""
     u = words.to(torch.int64) & 0xFFFFFFFF
     out = torch.zeros_like(u)
-    for i in range(8):
-        (lo2, bit2, sign), base = WORD_BITS[i % 4], 16 * (i // 4)
-        c = ((u >> (base + lo2)) & 3) | (((u >> (base + bit2)) & 1) << 2) | (((u >> (base + sign)) & 1) << 3)
-        out |= c << (4 * i)
+    for i, bits in enumerate(table):
+        for b, pos in enumerate(bits):
+            out |= ((u >> pos) & 1) << (len(bits) * i + b)
     return (out - ((out >> 31) << 32)).to(torch.int32)
+
+
+def _spread_words(words: torch.Tensor) -> torch.Tensor:
+    """Checkpoint-order NVFP4 words (code i in bits 4i..4i+3) -> the layout of ``CODE_BITS``."""
+    return spread_bits(words, CODE_BITS)
+
+
+def _gather_words(words: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``_spread_words``."""
+    return gather_bits(words, CODE_BITS)
 
 
 def tile_words(words: torch.Tensor) -> torch.Tensor:
@@ -163,11 +224,12 @@ def tiled_scale_offset(row, block, blocks_per_row: int):
 
 def _checkpoint_rows(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Whole row blocks of ``codes`` / ``scales`` -> the checkpoint's row-major, nibble-order bytes."""
-    return _gather_words(untile_words(codes)).view(torch.uint8), _untile_scales(scales)
+    table = E4M3_OF_SCALE_BYTE.to(scales.device)
+    return _gather_words(untile_words(codes)).view(torch.uint8), table[_untile_scales(scales).long()]
 
 
 def checkpoint_order(p: NVFP4Prepacked) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes (N_pad, K_pad // 2) uint8, scales (N_pad, K_pad // 16) uint8) in the checkpoint's own
+    """(codes (N_pad, K_pad // 2) uint8, scales (N_pad, K_pad // 16) uint8 E4M3 bytes) in the checkpoint's own
     row-major order and nibble order, padding included."""
     return _checkpoint_rows(p.codes, p.scales)
 
@@ -184,12 +246,13 @@ def _crop(p: NVFP4Prepacked, row0: int) -> NVFP4Weight:
 
 
 def unprepack_nvfp4(p: NVFP4Prepacked) -> NVFP4Weight:
-    """The exact inverse of ``prepack_nvfp4`` (crops the padding). For a gated prepack: the gate."""
+    """The inverse of ``prepack_nvfp4`` (crops the padding): the same codes and scale bytes, except that a block
+    with a zero scale reads back with zero codes and a +0 scale (the same values). For a gated prepack: the gate."""
     return _crop(p, 0)
 
 
 def unprepack_nvfp4_gated(p: NVFP4Prepacked) -> tuple[NVFP4Weight, NVFP4Weight]:
-    """The exact inverse of ``prepack_nvfp4_gated``: (gate, up)."""
+    """The inverse of ``prepack_nvfp4_gated`` (as ``unprepack_nvfp4``): (gate, up)."""
     if not p.gated:
         raise ValueError("not a gated prepack")
     return _crop(p, 0), _crop(p, p.up_offset)

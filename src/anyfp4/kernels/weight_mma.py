@@ -54,13 +54,20 @@ def rows_per_block(c: MMAConfig) -> int:
 STAGE_BYTES = 128 * 1024
 
 
-def stage_k(m: int, stage_bytes: int | None = None) -> int:
-    """k staged in shared memory per round: a power of two in [128, 4096], at most ``STAGE_BYTES``."""
+def stage_k(m: int, stage_bytes: int | None = None, least: int = 128) -> int:
+    """k staged in shared memory per round: a power of two in [``least``, 4096] (``least``: a power of two, the k
+    of one pass of the kernel's ring, which rounds must be whole passes of), at most ``STAGE_BYTES`` unless even
+    ``least`` is more."""
     cap = stage_bytes or STAGE_BYTES
     kc = 4096
-    while kc > 128 and m * (kc // 2 + 4) * 4 > cap:
+    while kc > least and m * (kc // 2 + 4) * 4 > cap:
         kc //= 2
     return kc
+
+
+def stage_bytes_for(m: int, kc: int) -> int:
+    """Dynamic shared memory of a block staging ``kc`` k of ``m`` activation rows."""
+    return m * (kc // 2 + 4) * 4
 
 
 def heuristic_config(n_rows: int, k_pad: int, m: int, sms: int, gated: bool, fmt: str = "nvfp4") -> MMAConfig:
@@ -119,7 +126,7 @@ def enabled(sm: int) -> bool:
 def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None, gscale: torch.Tensor,
             bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
             out: torch.Tensor | None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``block_scales``: NVFP4's E4M3 bytes (None for FP8); ``gscale``: NVFP4's one global scale, FP8's
+    """``block_scales``: NVFP4's prepacked scale bytes (None for FP8); ``gscale``: NVFP4's one global scale, FP8's
     per-row scales; ``out_dtype``: x's dtype (default) or float32 (the sums unrounded)."""
     m, k = x.shape
     if not 1 <= m <= MAX_MMA_M:
@@ -144,7 +151,10 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
         raise ValueError(f"split-K {config.split_k} must be 1..{k_pad // STEP_K[fmt]} for K = {k_pad}")
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     stage_bytes = min(STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
-    kc = stage_k(m, stage_bytes)
+    kc = stage_k(m, stage_bytes, least=c.depth * STEP_K[fmt])  # the kernel stages at the start of a pass only
+    if stage_bytes_for(m, kc) > stage_bytes:
+        raise ValueError(f"depth {c.depth} needs {stage_bytes_for(m, kc)} bytes of shared memory for {m} rows, "
+                         f"more than the {stage_bytes} this GPU gives a block")
     early = early_launch(device)
     defines = dict(EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth, BF16=int(x.dtype == torch.bfloat16),
@@ -159,7 +169,7 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
         counters = reserve_counters(x.device)
     else:
         partial, counters = out, out
-    kernel.launch((grid_x, c.split_k, 1), c.warps * 32, m * (kc // 2 + 4) * 4, [
+    kernel.launch((grid_x, c.split_k, 1), c.warps * 32, stage_bytes_for(m, kc), [
         x, codes, block_scales if block_scales is not None else codes, gscale, bias if bias is not None else out, out,
         partial, counters, m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4,
         block_scales.stride(0) // 2 if block_scales is not None else 0,

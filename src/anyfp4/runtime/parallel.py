@@ -55,7 +55,7 @@ def _rows(w, lo: int, hi: int):
         return NVFP4Weight(w.packed[lo:hi], w.block_scale[lo:hi], w.global_scale)
     if isinstance(w, FP8Weight):
         scale = w.scale.reshape(-1)[lo:hi] if w.scale.numel() > 1 else w.scale
-        return FP8Weight(w.weight[lo:hi], scale)
+        return FP8Weight(w.weight[lo:hi], scale, w.input_scale)
     return w[lo:hi]
 
 
@@ -64,7 +64,7 @@ def _cols(w, lo: int, hi: int):
         return NVFP4Weight(w.packed[:, lo // 2:hi // 2], w.block_scale[:, lo // GROUP_SIZE:hi // GROUP_SIZE],
                            w.global_scale)
     if isinstance(w, FP8Weight):
-        return FP8Weight(w.weight[:, lo:hi], w.scale)
+        return FP8Weight(w.weight[:, lo:hi], w.scale, w.input_scale)
     return w[:, lo:hi]
 
 

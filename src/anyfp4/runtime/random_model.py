@@ -1,8 +1,9 @@
 """Models of real shape with random weights, made directly on the device: speed work without downloads.
 
 Random but valid: NVFP4 codes uniform over all 16 values with positive normal block scales and
-one global scale per fused group; FP8 bytes over the finite range with per-tensor scales; float
-weights Gaussian. Never zeros (a kernel must not be timed on zeros).
+one global scale per fused group; FP8 bytes over the finite range with per-tensor scales (and a
+static activation scale, as W8A8 checkpoints carry); float weights Gaussian. Never zeros (a kernel
+must not be timed on zeros).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ class RandomSource(WeightSource):
         if fmt == "fp8":
             raw = torch.randint(0, 0x7E, (out_features, in_features), dtype=torch.uint8, device=d, generator=g)
             sign = torch.randint(0, 2, raw.shape, dtype=torch.uint8, device=d, generator=g) << 7
-            return FP8Weight((raw | sign).view(torch.float8_e4m3fn), torch.tensor(1e-4, device=d)), None
+            # a static activation scale as a W8A8 checkpoint carries one (|x| up to 448 * 0.05 = 22.4)
+            return FP8Weight((raw | sign).view(torch.float8_e4m3fn), torch.tensor(1e-4, device=d),
+                             torch.tensor(0.05, device=d)), None
         w = torch.randn(out_features, in_features, device=d, generator=g) * in_features**-0.5
         return w.to(torch.bfloat16), None
 

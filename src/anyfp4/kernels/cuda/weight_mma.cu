@@ -3,10 +3,11 @@
 //
 // out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), or silu(gate) * up for a gated prepack.
 // NVFP4 prepack (nvfp4_prepack.py): codes in tiles of 16 rows x 128 k (256 words, row-major inside), each
-// word holding the pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of its 8 codes (WORD_BITS there); scales in
-// the same tiles, 128 bytes ordered (row % 8, block / 2, row / 8, block % 2); one float32 global scale. FP8
-// prepack (fp8_linear.py): byte k = 4j+i in bits 8i..8i+7 of word j, words in the same 16 x 16 tiles (64 k);
-// one float32 scale per row.
+// word holding the pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of its 8 codes (CODE_BITS there); scales in
+// the same tiles, 128 bytes ordered (row % 8, block / 2, row / 8, block % 2), each byte (e + 10) << 3 | m for
+// bs = 2^e (1 + m / 8) (SCALE_BYTE there; a zero scale's block has zero codes); one float32 global scale. FP8
+// prepack (fp8_linear.py): the E4M3 values of k = 4j .. 4j + 3 in word j (bits placed by BYTE_BITS there),
+// words in the same 16 x 16 tiles (64 k); one float32 scale per row.
 //
 // The weight is the mma's A operand (16 rows x 16 k), the activations its B operand (16 k x 8 columns, one
 // column per activation row), so M = 1..8 costs one n8 tile and decode work is shared by all M columns.
@@ -14,16 +15,17 @@
 // (g = lane / 4, t = lane % 4) loads 16 bytes of codes per row for rows g and g + 8 per step (NVFP4: 32 k of a
 // 128-wide step, 2 mmas per word; FP8: 16 k of a 64-wide step, 1 mma per word; a warp's loads are one
 // contiguous 1 KiB tile) and feeds them to the mmas straight from registers:
-//   - NVFP4: the two codes of a pair sit 16 bits apart with magnitude and sign placed for the bf16 layout:
-//     (w << 3p) & 0x81C081C0 is pair p = 0, 1, 2 as bf16 e2m1 * 2^-126 in each half (code 1 a subnormal),
-//     pair 3 takes three shifts (decode_pair); the fp16 forms put the magnitude at bits 9-11 instead
-//     (e2m1 * 2^-14). Times the block scale: in fp16 bs (exact) gives e2m1 * bs * 2^-14, exact (<= 8
-//     significant bits, within [2^-24, 0.17]); in bf16 the scale enters as bs * 2^118 (bf16 bits (b << 4) are
-//     bs * 2^-120, times 2^120, times 2^118) and the product e2m1 * bs * 2^-8 is a normal bf16, exact (<= 6
-//     significant bits, within [2^-18, 10.5]), so its products with the activations stay far from float32's
-//     subnormal range.
-//   - FP8: bytes 0, 2 and 1, 3 of a word sit 16 bits apart: ((p & 0x007F007F) << 7) | ((p & 0x00800080) << 8)
-//     is e4m3 * 2^-8 in fp16, exactly (subnormals included); in bf16 (<< 4) it is e4m3 * 2^-120, times 2^120.
+//   - NVFP4: the codes' bits are placed for bf16: a shift or rotation and a mask make pairs 0-2 bf16
+//     e2m1 * 2^-126 in each half (code 1 a subnormal), pair 3 takes a rotation and two masks (decode_pair); the
+//     fp16 forms put the magnitude at bits 9-11 instead (e2m1 * 2^-14). Times the block scale: in fp16 bs
+//     (exact) gives e2m1 * bs * 2^-14, exact (<= 8 significant bits, within [2^-24, 0.17]); in bf16 the scale
+//     enters as bs * 2^118 and the product
+//     e2m1 * bs * 2^-8 is a normal bf16, exact (<= 6 significant bits, within [2^-18, 10.5]), so its products
+//     with the activations stay far from float32's subnormal range. A scale byte becomes that fp16 / bf16
+//     value in both halves with one byte permute and one multiply-add (scale_pair).
+//   - FP8: values k0, k2 and k1, k3 of a word sit 16 bits apart, placed for bf16 (decode_e4m3_pair): as bf16
+//     bits their magnitudes are e4m3 * 2^-120, times 2^120; the fp16 forms put them at bits 7-13 (e4m3 * 2^-8,
+//     exactly, subnormals included).
 //   - the activations are staged once per block in shared memory, permuted so that one load gives the B halves
 //     matching those pairs: per 8-group (x0, x4, x1, x5, x2, x6, x3, x7) for NVFP4, (x0, x2, x1, x3, x4, x6,
 //     x5, x7) for FP8.
@@ -41,9 +43,10 @@
 // row scale: a row-parallel rank's share; plain prepacks without bias only), EARLY (a programmatic dependent
 // launch on sm_90: the block fills its ring of code words — weights, which no kernel writes — while the
 // previous kernel finishes, and waits for it (griddepcontrol.wait) before it reads the activations or writes
-// anything). The k range staged per round (kc, a multiple of 128) is a run-time argument; dynamic shared
+// anything). The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
 // memory holds M * (kc / 2 + 4) words. Code words are loaded DEPTH steps ahead into a ring of registers,
-// across staging rounds.
+// across staging rounds. The main loop runs whole passes over the ring (DEPTH steps, no per-step bounds or
+// staging checks, the refills at fixed offsets), then a last partial pass.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -57,15 +60,22 @@ typedef unsigned short u16;
 #define STEP 128
 #endif
 
-// NVFP4 pair p (0..3) of a prepacked word w -> two fp16/bf16 values (see nvfp4_prepack.WORD_BITS: pair p < 3
-// has magnitude bits 6-3p .. 8-3p and sign 15-3p; pair 3 magnitude bits 0-1 at 10-11, bit 2 at 14, sign 13).
+// NVFP4 pair p (0..3: codes p and p + 4) of a prepacked word w -> two fp16/bf16 values (nvfp4_prepack.CODE_BITS:
+// pair 0's magnitudes at 4-6 and 20-22, signs at 13 and 29; pair 1's at 0-2 / 16-18, 9 / 25; pair 2's at
+// 26-28 / 10-12, 3 / 19; pair 3's magnitude bits 1-2 and signs already in place, bit 0 at 30 / 14).
+__device__ __forceinline__ u32 decode_pair_bf16(u32 w, int p) {
+    if (p == 0) return (w << 2) & 0x81C081C0u;
+    if (p == 1) return (w << 6) & 0x81C081C0u;
+    if (p == 2) return __funnelshift_l(w, w, 12) & 0x81C081C0u;
+    return (w & 0x81808180u) | (__funnelshift_l(w, w, 8) & 0x00400040u);
+}
+
 __device__ __forceinline__ u32 decode_pair(u32 w, int p) {
+    const u32 b = decode_pair_bf16(w, p);
 #if BF16
-    if (p < 3) return (w << (3 * p)) & 0x81C081C0u;
-    return ((w >> 4) & 0x00C000C0u) | ((w >> 6) & 0x01000100u) | ((w << 2) & 0x80008000u);
+    return b;
 #else
-    if (p < 3) return ((w << (3 * p + 3)) & 0x0E000E00u) | ((w << (3 * p)) & 0x80008000u);
-    return ((w >> 1) & 0x06000600u) | ((w >> 3) & 0x08000800u) | ((w << 2) & 0x80008000u);
+    return ((b << 3) & 0x0E000E00u) | (b & 0x80008000u);  // the magnitude moved up three bits
 #endif
 }
 
@@ -79,21 +89,30 @@ __device__ __forceinline__ u32 mul2(u32 a, u32 b) {
     return d;
 }
 
-// The E4M3 block scale byte b (>= 0) in both halves: fp16 bs (exact), or bf16 bs * 2^118 (exact).
-__device__ __forceinline__ u32 scale_pair(u32 b) {
+// Scale byte j (0..3) of the word s, a prepacked scale (e + 10) << 3 | m, in both halves: fp16 bs, or bf16
+// bs * 2^118, exactly. The byte permute gives (b | b << 16); shifted into the exponent field (fp16 << 7, bf16 << 4)
+// its exponent reads e + 10, and adding 5 (fp16, bias 15) or 235 (bf16, bias 127) to the field gives those values;
+// the field stays below 24 / 254. A zero byte gives 2^-10 / 2^108, but its block's codes are zero.
+__device__ __forceinline__ u32 scale_pair(u32 s, int j) {
+    const u32 b = __byte_perm(s, 0u, 0x4040u | (0x0101u * j));
 #if BF16
-    return mul2(mul2((b << 4) | (b << 20), 0x7B807B80u), 0x7A807A80u);  // * 2^120, * 2^118
+    return b * 16u + 0x75807580u;
 #else
-    return mul2((b << 7) | (b << 23), 0x5C005C00u);  // (b << 7) is bs * 2^-8; * 256
+    return b * 128u + 0x14001400u;
 #endif
 }
 
-// FP8: E4M3 bytes in bits 0-7 and 16-23 of p -> e4m3 * 2^-8 (fp16) or e4m3 (bf16), exactly.
-__device__ __forceinline__ u32 decode_e4m3_pair(u32 p) {
+// FP8 pair p of a prepacked word w (fp8_linear.BYTE_BITS: pair 0 = values k0, k2, pair 1 = k1, k3) -> e4m3 * 2^-8
+// (fp16) or e4m3 (bf16), exactly. bf16: pair 0 is stored with magnitudes at 4-10 and signs at 15 of each half
+// (e4m3 * 2^-120 as bf16 bits, subnormals included); pair 1 moves there with a shift and a rotation.
+__device__ __forceinline__ u32 decode_e4m3_pair(u32 w, int p) {
 #if BF16
-    return mul2(((p & 0x007F007Fu) << 4) | ((p & 0x00800080u) << 8), 0x7B807B80u);  // * 2^120
+    const u32 bits = p == 0 ? w & 0x87F087F0u
+                            : ((w << 4) & 0x80F080F0u) | (__funnelshift_l(w, w, 12) & 0x07000700u);
+    return mul2(bits, 0x7B807B80u);  // * 2^120
 #else
-    return ((p & 0x007F007Fu) << 7) | ((p & 0x00800080u) << 8);
+    if (p == 0) return ((w << 3) & 0x3F803F80u) | (w & 0x80008000u);
+    return ((w << 7) & 0x07800780u) | (__funnelshift_l(w, w, 15) & 0x38003800u) | ((w << 4) & 0x80008000u);
 #endif
 }
 
@@ -229,99 +248,132 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #endif
             }
 
+    // The refills of one pass over the ring (steps s0 + DEPTH .. s0 + 2 DEPTH - 1) read at fixed offsets from
+    // these pointers, advanced once per pass.
+#pragma unroll
+    for (int a = 0; a < TILES; ++a) {
+        cptr[a] += (long long)(s_beg + DEPTH) * W_STEP;
+#if !FP8
+        sptr[a] += (s_beg + DEPTH) * S_STEP;
+#endif
+    }
+
 #if EARLY
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    // Staging rounds start at s_beg and are a multiple of DEPTH steps long (the launcher's kc), so a round only
+    // ever starts at the first step of a pass over the ring.
     int round_beg = s_beg, round_end = s_beg;
-    for (int s0 = s_beg; s0 < s_end; s0 += DEPTH) {
+    auto stage = [&](const int s) {  // the activations of the kc-wide round from step s
+        const int c1 = min(s + round_steps, s_end);
+        const int groups = (c1 - s) * (STEP / 8);
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < M * groups; idx += WARPS * 32) {
+            const int m = idx / groups, grp = idx - m * groups;
+            const int k = s * STEP + grp * 8;
+            const u16* xr = x + (long long)m * stride_xm + k;
+            u16 v[8];
 #pragma unroll
-        for (int d = 0; d < DEPTH; ++d) {
-            const int s = s0 + d;
-            if (s >= s_end) break;
-            if (s == round_end) {  // stage the activations of the next kc-wide round
-                const int c1 = min(s + round_steps, s_end);
-                const int groups = (c1 - s) * (STEP / 8);
-                __syncthreads();
-                for (int idx = threadIdx.x; idx < M * groups; idx += WARPS * 32) {
-                    const int m = idx / groups, grp = idx - m * groups;
-                    const int k = s * STEP + grp * 8;
-                    const u16* xr = x + (long long)m * stride_xm + k;
-                    u16 v[8];
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) v[i] = (k + i < K) ? xr[i] : (u16)0;
-                    u32* dst = xs + m * xs_stride + grp * 4;
+            for (int i = 0; i < 8; ++i) v[i] = (k + i < K) ? xr[i] : (u16)0;
+            u32* dst = xs + m * xs_stride + grp * 4;
 #if FP8
-                    dst[0] = (u32)v[0] | ((u32)v[2] << 16);
-                    dst[1] = (u32)v[1] | ((u32)v[3] << 16);
-                    dst[2] = (u32)v[4] | ((u32)v[6] << 16);
-                    dst[3] = (u32)v[5] | ((u32)v[7] << 16);
+            dst[0] = (u32)v[0] | ((u32)v[2] << 16);
+            dst[1] = (u32)v[1] | ((u32)v[3] << 16);
+            dst[2] = (u32)v[4] | ((u32)v[6] << 16);
+            dst[3] = (u32)v[5] | ((u32)v[7] << 16);
 #else
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) dst[j] = (u32)v[j] | ((u32)v[j + 4] << 16);
+            for (int j = 0; j < 4; ++j) dst[j] = (u32)v[j] | ((u32)v[j + 4] << 16);
 #endif
-                }
-                __syncthreads();
-                round_beg = s;
-                round_end = c1;
-            }
-            const int xoff = (s - round_beg) * (STEP / 2) + t * (STEP / 8);
+        }
+        __syncthreads();
+        round_beg = s;
+        round_end = c1;
+    };
+    // The staged activations a thread reads: per n8 tile b its column's row (columns m >= M read a copy of row
+    // M - 1: their outputs are never stored), from its k slot.
+    const u32* xrow[NT];
+#pragma unroll
+    for (int b = 0; b < NT; ++b) xrow[b] = xs + min(b * 8 + g, M - 1) * xs_stride + t * (STEP / 8);
+
+    // Step d of the pass starting at s0 (x0: its staged activations, relative to xrow); then refill ring slot d.
+    auto step = [&](const int s0, const int d, const int x0) {
+        const int xoff = x0 + d * (STEP / 2);
 #if FP8
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {  // word q: one mma per row pair
-                uint2 bx[NT];
+        for (int q = 0; q < 4; ++q) {  // word q: one mma per row pair
+            uint2 bx[NT];
 #pragma unroll
-                for (int b = 0; b < NT; ++b) {
-                    // columns m >= M hold a copy of row M - 1: their outputs are never stored
-                    bx[b] = *reinterpret_cast<const uint2*>(&xs[min(b * 8 + g, M - 1) * xs_stride + xoff + q * 2]);
-                }
+            for (int b = 0; b < NT; ++b) bx[b] = *reinterpret_cast<const uint2*>(xrow[b] + xoff + q * 2);
 #pragma unroll
-                for (int a = 0; a < TILES; ++a) {
-                    const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
-                    const u32 a0 = decode_e4m3_pair(va), a2 = decode_e4m3_pair(va >> 8);
-                    const u32 a1 = decode_e4m3_pair(vb), a3 = decode_e4m3_pair(vb >> 8);
+            for (int a = 0; a < TILES; ++a) {
+                const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
+                const u32 a0 = decode_e4m3_pair(va, 0), a2 = decode_e4m3_pair(va, 1);
+                const u32 a1 = decode_e4m3_pair(vb, 0), a3 = decode_e4m3_pair(vb, 1);
 #pragma unroll
-                    for (int b = 0; b < NT; ++b) mma16816(acc[a][b], a0, a1, a2, a3, bx[b].x, bx[b].y);
-                }
+                for (int b = 0; b < NT; ++b) mma16816(acc[a][b], a0, a1, a2, a3, bx[b].x, bx[b].y);
             }
+        }
 #else
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                uint4 bx[NT];
+        for (int q = 0; q < 4; ++q) {
+            uint4 bx[NT];
+#pragma unroll
+            for (int b = 0; b < NT; ++b) bx[b] = *reinterpret_cast<const uint4*>(xrow[b] + xoff + q * 4);
+#pragma unroll
+            for (int a = 0; a < TILES; ++a) {
+                const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
+                const u32 bsa = scale_pair(sw[d][a], q >> 1);  // word q: block 2t + q / 2
+                const u32 bsb = scale_pair(sw[d][a], 2 + (q >> 1));
+                u32 ha[4], hb[4];
+#pragma unroll
+                for (int p = 0; p < 4; ++p) {
+                    ha[p] = mul2(decode_pair(va, p), bsa);
+                    hb[p] = mul2(decode_pair(vb, p), bsb);
+                }
 #pragma unroll
                 for (int b = 0; b < NT; ++b) {
-                    bx[b] = *reinterpret_cast<const uint4*>(&xs[min(b * 8 + g, M - 1) * xs_stride + xoff + q * 4]);
-                }
-#pragma unroll
-                for (int a = 0; a < TILES; ++a) {
-                    const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
-                    const u32 bsa = scale_pair((sw[d][a] >> (8 * (q >> 1))) & 0xFFu);  // word q: block 2t + q / 2
-                    const u32 bsb = scale_pair((sw[d][a] >> (16 + 8 * (q >> 1))) & 0xFFu);
-                    u32 ha[4], hb[4];
-#pragma unroll
-                    for (int p = 0; p < 4; ++p) {
-                        ha[p] = mul2(decode_pair(va, p), bsa);
-                        hb[p] = mul2(decode_pair(vb, p), bsb);
-                    }
-#pragma unroll
-                    for (int b = 0; b < NT; ++b) {
-                        mma16816(acc[a][b], ha[0], hb[0], ha[1], hb[1], bx[b].x, bx[b].y);
-                        mma16816(acc[a][b], ha[2], hb[2], ha[3], hb[3], bx[b].z, bx[b].w);
-                    }
-                }
-            }
-#endif
-            if (s + DEPTH < s_end) {
-                const int sn = s + DEPTH;
-#pragma unroll
-                for (int a = 0; a < TILES; ++a) {
-                    wa[d][a] = cptr[a][sn * W_STEP];
-                    wb[d][a] = cptr[a][sn * W_STEP + W_B];
-#if !FP8
-                    sw[d][a] = sptr[a][sn * S_STEP];
-#endif
+                    mma16816(acc[a][b], ha[0], hb[0], ha[1], hb[1], bx[b].x, bx[b].y);
+                    mma16816(acc[a][b], ha[2], hb[2], ha[3], hb[3], bx[b].z, bx[b].w);
                 }
             }
         }
+#endif
+        if (s0 + d + DEPTH < s_end) {
+#pragma unroll
+            for (int a = 0; a < TILES; ++a) {
+                wa[d][a] = cptr[a][d * W_STEP];
+                wb[d][a] = cptr[a][d * W_STEP + W_B];
+#if !FP8
+                sw[d][a] = sptr[a][d * S_STEP];
+#endif
+            }
+        }
+    };
+    auto advance = [&]() {
+#pragma unroll
+        for (int a = 0; a < TILES; ++a) {
+            cptr[a] += DEPTH * W_STEP;
+#if !FP8
+            sptr[a] += DEPTH * S_STEP;
+#endif
+        }
+    };
+
+    int s0 = s_beg;
+    for (; s0 + DEPTH <= s_end; s0 += DEPTH) {  // whole passes
+        if (s0 == round_end) stage(s0);
+        const int x0 = (s0 - round_beg) * (STEP / 2);
+#pragma unroll
+        for (int d = 0; d < DEPTH; ++d) step(s0, d, x0);
+        advance();
+    }
+    if (s0 < s_end) {  // the last, partial pass
+        if (s0 == round_end) stage(s0);
+        const int x0 = (s0 - round_beg) * (STEP / 2);
+#pragma unroll
+        for (int d = 0; d < DEPTH; ++d)
+            if (s0 + d < s_end) step(s0, d, x0);
     }
 
     // This block's sums: out rows (n) rows[a] and rows[a] + 8, columns (m) b * 8 + 2t + {0, 1}.
