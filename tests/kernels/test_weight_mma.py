@@ -9,11 +9,12 @@ import torch
 
 import anyfp4.ops  # noqa: F401  (registers torch.ops.anyfp4, which the op-level tests call)
 from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
-from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
+from anyfp4.formats.nvfp4 import dequantize_nvfp4
 from anyfp4.kernels import nvrtc, weight_mma
 from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated
 from anyfp4.kernels.weight_mma import MMAConfig, fp8_mma_gemm, nvfp4_mma_gemm
+from mma_checks import check_kernel, nvfp4_weight, rel_err, sweep_cases
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 needs_nvrtc = pytest.mark.skipif(not nvrtc.compiler_available(),
@@ -228,16 +229,6 @@ def test_heuristic_configs_fit_every_prepack():
         assert weight_mma.rows_per_block(c) == 128 and c.split_k >= 1
 
 
-def rel_err(y, ref):
-    return ((y.double() - ref).norm() / ref.norm()).item()
-
-
-def nvfp4_weight(n, k, gen, gs):
-    return NVFP4Weight(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen),
-                       torch.randint(0, 0x7F, (n, k // 16), dtype=torch.uint8, device="cuda", generator=gen).view(
-                           torch.float8_e4m3fn), gs)
-
-
 def square_case(seed: int, *x_shape: int, dtype=torch.bfloat16):
     """A seeded 4096 x 4096 NVFP4 weight, its prepack and activations of shape (*x_shape, 4096)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -251,34 +242,6 @@ def linear(x, p):
     return torch.ops.anyfp4.nvfp4_linear(x, p.codes, p.scales, p.global_scale, None, p.out_features, p.in_features)
 
 
-CONFIGS = [MMAConfig(1, 8, 1, 2), MMAConfig(1, 4, 3, 4), MMAConfig(2, 4, 5, 2), MMAConfig(1, 8, 8, 8),
-           MMAConfig(4, 2, 3, 2)]
-
-
-def check_kernel(kernel, p, pg, wd, gd, ud, bias, ms, gen):
-    """``kernel`` against the float64 reference for every M and launch family: NaN-poisoned outputs all
-    written, plain + bias, determinism, and the gated prepack ``pg`` (gate ``gd``, up ``ud``)."""
-    dtype, (n, k) = bias.dtype, wd.shape
-    tol = 5e-4 if dtype == torch.float16 else 4e-3
-    for m, cfg in itertools.product(ms, CONFIGS):
-        if (cfg.mt == 2 and m > 16) or (cfg.mt == 4 and m <= 8):  # the families the sweep times
-            continue
-        x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
-        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-        y = kernel(x, p, bias, cfg, out=out)
-        assert not torch.isnan(y).any(), (m, cfg)
-        assert rel_err(y, x.double() @ wd.t() + bias.double()) < tol, (m, cfg)
-        assert torch.equal(y, kernel(x, p, bias, cfg)), "not deterministic"
-        out32 = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
-        y32 = kernel(x, p, None, cfg, out=out32, out_dtype=torch.float32)
-        scale = p.global_scale if hasattr(p, "global_scale") else p.scales[:n]
-        assert not torch.isnan(y32).any(), (m, cfg)
-        assert torch.equal((y32 * scale).to(dtype), kernel(x, p, None, cfg)), "float32 output is not the sum before scaling"
-        yg = kernel(x, pg, None, MMAConfig(1, cfg.warps, cfg.split_k, min(cfg.depth, 4)))
-        gref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
-        assert rel_err(yg, gref) < 2 * tol, (m, cfg)
-
-
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_nvfp4_kernel_against_reference(dtype):
@@ -289,7 +252,7 @@ def test_nvfp4_kernel_against_reference(dtype):
     p, pg = prepack_nvfp4(w), prepack_nvfp4_gated(gate, up)
     wd, gd, ud = (dequantize_nvfp4(t).double() for t in (w, gate, up))
     bias = torch.randn(n, device="cuda", generator=gen).to(dtype)
-    check_kernel(nvfp4_mma_gemm, p, pg, wd, gd, ud, bias, [1, 2, 7, 8, 9, 16, 17, 32], gen)
+    check_kernel(nvfp4_mma_gemm, p, pg, wd, gd, ud, bias, sweep_cases([1, 2, 7, 8, 9, 16, 17, 32]), gen)
 
 
 @gpu
@@ -303,7 +266,7 @@ def test_fp8_kernel_against_reference(dtype, per_channel):
     p, pg = prepack_fp8(w), prepack_fp8_gated(gate, up)
     wd, gd, ud = (dequantize_fp8(t).double() for t in (w, gate, up))
     bias = torch.randn(n, device="cuda", generator=g).to(dtype)
-    check_kernel(fp8_mma_gemm, p, pg, wd, gd, ud, bias, [1, 3, 8, 12, 32], g)
+    check_kernel(fp8_mma_gemm, p, pg, wd, gd, ud, bias, sweep_cases([1, 3, 8, 12, 32]), g)
 
 
 @gpu

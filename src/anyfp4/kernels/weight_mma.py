@@ -123,11 +123,24 @@ def enabled(sm: int) -> bool:
     return ok
 
 
-def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None, gscale: torch.Tensor,
-            bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
-            out: torch.Tensor | None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``block_scales``: NVFP4's prepacked scale bytes (None for FP8); ``gscale``: NVFP4's one global scale, FP8's
-    per-row scales; ``out_dtype``: x's dtype (default) or float32 (the sums unrounded)."""
+@dataclass
+class Launch:
+    """One kernel launch, worked out from the tensors: the source's compile-time defines, grid, block threads,
+    dynamic shared memory, and the kernel's arguments in order (tensors, then integers)."""
+    defines: dict
+    grid: tuple
+    threads: int
+    shared_bytes: int
+    args: list
+    out: torch.Tensor
+
+
+def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
+                gscale: torch.Tensor, bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
+                out: torch.Tensor | None, out_dtype: torch.dtype | None, *, stage_bytes: int, early: bool,
+                counters: torch.Tensor | None) -> Launch:
+    """Check the inputs and work out a launch; no GPU needed (``stage_bytes``: the shared memory a block may
+    stage activations in; ``counters``: the split-K arrival counters, all zero)."""
     m, k = x.shape
     if not 1 <= m <= MAX_MMA_M:
         raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {MAX_MMA_M}, got {m}")
@@ -149,33 +162,45 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
         raise ValueError("a float32 output (before the scale) is for plain prepacks without bias")
     if not 1 <= config.split_k <= k_pad // STEP_K[fmt]:
         raise ValueError(f"split-K {config.split_k} must be 1..{k_pad // STEP_K[fmt]} for K = {k_pad}")
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    stage_bytes = min(STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
     kc = stage_k(m, stage_bytes, least=c.depth * STEP_K[fmt])  # the kernel stages at the start of a pass only
     if stage_bytes_for(m, kc) > stage_bytes:
         raise ValueError(f"depth {c.depth} needs {stage_bytes_for(m, kc)} bytes of shared memory for {m} rows, "
                          f"more than the {stage_bytes} this GPU gives a block")
-    early = early_launch(device)
     defines = dict(EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth, BF16=int(x.dtype == torch.bfloat16),
                    GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None))
-    kernel = nvrtc.load(_source(), KERNEL, defines, device, shared_memory=stage_bytes)
     if out is None:
         out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
+    if out.shape != (m, n_rows) or out.dtype != out_dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be ({m}, {n_rows}) {out_dtype} with a contiguous last dimension, "
+                         f"got {tuple(out.shape)} {out.dtype}")
     if c.split_k > 1:
         if grid_x > COUNTER_SLOTS:
             raise ValueError(f"{grid_x} row tiles exceed the {COUNTER_SLOTS} split-K counters")
         partial = torch.empty(c.split_k, m, rows_total, dtype=torch.float32, device=x.device)
-        counters = reserve_counters(x.device)
     else:
         partial, counters = out, out
-    kernel.launch((grid_x, c.split_k, 1), c.warps * 32, stage_bytes_for(m, kc), [
-        x, codes, block_scales if block_scales is not None else codes, gscale, bias if bias is not None else out, out,
-        partial, counters, m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4,
-        block_scales.stride(0) // 2 if block_scales is not None else 0,
-        x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc,
-    ], early=early)
-    return out
+    args = [x, codes, block_scales if block_scales is not None else codes, gscale, bias if bias is not None else out,
+            out, partial, counters, m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4,
+            block_scales.stride(0) // 2 if block_scales is not None else 0,
+            x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc]
+    return Launch(defines, (grid_x, c.split_k, 1), c.warps * 32, stage_bytes_for(m, kc), args, out)
+
+
+def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None, gscale: torch.Tensor,
+            bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
+            out: torch.Tensor | None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``block_scales``: NVFP4's prepacked scale bytes (None for FP8); ``gscale``: NVFP4's one global scale, FP8's
+    per-row scales; ``out_dtype``: x's dtype (default) or float32 (the sums unrounded)."""
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    stage_bytes = min(STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
+    early = early_launch(device)
+    counters = reserve_counters(x.device) if config.split_k > 1 else None
+    plan = plan_launch(fmt, x, codes, block_scales, gscale, bias, n_rows, up_offset, config, out, out_dtype,
+                       stage_bytes=stage_bytes, early=early, counters=counters)
+    kernel = nvrtc.load(_source(), KERNEL, plan.defines, device, shared_memory=stage_bytes)
+    kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
+    return plan.out
 
 
 def nvfp4_mma_gemm(x: torch.Tensor, w, bias: torch.Tensor | None, config: MMAConfig,

@@ -60,25 +60,9 @@ typedef unsigned short u16;
 #define STEP 128
 #endif
 
-// NVFP4 pair p (0..3: codes p and p + 4) of a prepacked word w -> two fp16/bf16 values (nvfp4_prepack.CODE_BITS:
-// pair 0's magnitudes at 4-6 and 20-22, signs at 13 and 29; pair 1's at 0-2 / 16-18, 9 / 25; pair 2's at
-// 26-28 / 10-12, 3 / 19; pair 3's magnitude bits 1-2 and signs already in place, bit 0 at 30 / 14).
-__device__ __forceinline__ u32 decode_pair_bf16(u32 w, int p) {
-    if (p == 0) return (w << 2) & 0x81C081C0u;
-    if (p == 1) return (w << 6) & 0x81C081C0u;
-    if (p == 2) return __funnelshift_l(w, w, 12) & 0x81C081C0u;
-    return (w & 0x81808180u) | (__funnelshift_l(w, w, 8) & 0x00400040u);
-}
-
-__device__ __forceinline__ u32 decode_pair(u32 w, int p) {
-    const u32 b = decode_pair_bf16(w, p);
-#if BF16
-    return b;
-#else
-    return ((b << 3) & 0x0E000E00u) | (b & 0x80008000u);  // the magnitude moved up three bits
-#endif
-}
-
+// The PTX primitives: an f16x2 / bf16x2 multiply, the m16n8k16 mma, conversions. A host build of this file
+// (tests/kernels/host_cuda.h, which runs the kernel on a CPU) defines WEIGHT_MMA_HOST and brings its own.
+#ifndef WEIGHT_MMA_HOST
 __device__ __forceinline__ u32 mul2(u32 a, u32 b) {
     u32 d;
 #if BF16
@@ -87,33 +71,6 @@ __device__ __forceinline__ u32 mul2(u32 a, u32 b) {
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
 #endif
     return d;
-}
-
-// Scale byte j (0..3) of the word s, a prepacked scale (e + 10) << 3 | m, in both halves: fp16 bs, or bf16
-// bs * 2^118, exactly. The byte permute gives (b | b << 16); shifted into the exponent field (fp16 << 7, bf16 << 4)
-// its exponent reads e + 10, and adding 5 (fp16, bias 15) or 235 (bf16, bias 127) to the field gives those values;
-// the field stays below 24 / 254. A zero byte gives 2^-10 / 2^108, but its block's codes are zero.
-__device__ __forceinline__ u32 scale_pair(u32 s, int j) {
-    const u32 b = __byte_perm(s, 0u, 0x4040u | (0x0101u * j));
-#if BF16
-    return b * 16u + 0x75807580u;
-#else
-    return b * 128u + 0x14001400u;
-#endif
-}
-
-// FP8 pair p of a prepacked word w (fp8_linear.BYTE_BITS: pair 0 = values k0, k2, pair 1 = k1, k3) -> e4m3 * 2^-8
-// (fp16) or e4m3 (bf16), exactly. bf16: pair 0 is stored with magnitudes at 4-10 and signs at 15 of each half
-// (e4m3 * 2^-120 as bf16 bits, subnormals included); pair 1 moves there with a shift and a rotation.
-__device__ __forceinline__ u32 decode_e4m3_pair(u32 w, int p) {
-#if BF16
-    const u32 bits = p == 0 ? w & 0x87F087F0u
-                            : ((w << 4) & 0x80F080F0u) | (__funnelshift_l(w, w, 12) & 0x07000700u);
-    return mul2(bits, 0x7B807B80u);  // * 2^120
-#else
-    if (p == 0) return ((w << 3) & 0x3F803F80u) | (w & 0x80008000u);
-    return ((w << 7) & 0x07800780u) | (__funnelshift_l(w, w, 15) & 0x38003800u) | ((w << 4) & 0x80008000u);
-#endif
 }
 
 __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
@@ -150,6 +107,56 @@ __device__ __forceinline__ u16 float_to_out(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
 #endif
     return h;
+}
+#endif  // WEIGHT_MMA_HOST
+
+extern __shared__ __align__(16) u32 xs[];  // [M][xs_stride], 8-groups permuted (see above)
+__shared__ int is_last;  // split-K: this block arrived last for its row tile
+
+// NVFP4 pair p (0..3: codes p and p + 4) of a prepacked word w -> two fp16/bf16 values (nvfp4_prepack.CODE_BITS:
+// pair 0's magnitudes at 4-6 and 20-22, signs at 13 and 29; pair 1's at 0-2 / 16-18, 9 / 25; pair 2's at
+// 26-28 / 10-12, 3 / 19; pair 3's magnitude bits 1-2 and signs already in place, bit 0 at 30 / 14).
+__device__ __forceinline__ u32 decode_pair_bf16(u32 w, int p) {
+    if (p == 0) return (w << 2) & 0x81C081C0u;
+    if (p == 1) return (w << 6) & 0x81C081C0u;
+    if (p == 2) return __funnelshift_l(w, w, 12) & 0x81C081C0u;
+    return (w & 0x81808180u) | (__funnelshift_l(w, w, 8) & 0x00400040u);
+}
+
+__device__ __forceinline__ u32 decode_pair(u32 w, int p) {
+    const u32 b = decode_pair_bf16(w, p);
+#if BF16
+    return b;
+#else
+    return ((b << 3) & 0x0E000E00u) | (b & 0x80008000u);  // the magnitude moved up three bits
+#endif
+}
+
+// Scale byte j (0..3) of the word s, a prepacked scale (e + 10) << 3 | m, in both halves: fp16 bs, or bf16
+// bs * 2^118, exactly. The byte permute gives (b | b << 16); shifted into the exponent field (fp16 << 7, bf16 << 4)
+// its exponent reads e + 10, and adding 5 (fp16, bias 15) or 235 (bf16, bias 127) to the field gives those values;
+// the field stays below 24 / 254. A zero byte gives 2^-10 / 2^108, but its block's codes are zero.
+__device__ __forceinline__ u32 scale_pair(u32 s, int j) {
+    const u32 b = __byte_perm(s, 0u, 0x4040u | (0x0101u * j));
+#if BF16
+    return b * 16u + 0x75807580u;
+#else
+    return b * 128u + 0x14001400u;
+#endif
+}
+
+// FP8 pair p of a prepacked word w (fp8_linear.BYTE_BITS: pair 0 = values k0, k2, pair 1 = k1, k3) -> e4m3 * 2^-8
+// (fp16) or e4m3 (bf16), exactly. bf16: pair 0 is stored with magnitudes at 4-10 and signs at 15 of each half
+// (e4m3 * 2^-120 as bf16 bits, subnormals included); pair 1 moves there with a shift and a rotation.
+__device__ __forceinline__ u32 decode_e4m3_pair(u32 w, int p) {
+#if BF16
+    const u32 bits = p == 0 ? w & 0x87F087F0u
+                            : ((w << 4) & 0x80F080F0u) | (__funnelshift_l(w, w, 12) & 0x07000700u);
+    return mul2(bits, 0x7B807B80u);  // * 2^120
+#else
+    if (p == 0) return ((w << 3) & 0x3F803F80u) | (w & 0x80008000u);
+    return ((w << 7) & 0x07800780u) | (__funnelshift_l(w, w, 15) & 0x38003800u) | ((w << 4) & 0x80008000u);
+#endif
 }
 
 // mma accumulator element i of n8 tile b in thread (g, t): activation row (output column) m, and the row offset
@@ -195,8 +202,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     float* __restrict__ partial, int* __restrict__ counters,
     int M, int K, int N_OUT, int up_offset, int rows_total, int stride_c4, int stride_s2, int stride_xm,
     int stride_om, int nsteps, int kc) {
-    extern __shared__ __align__(16) u32 xs[];  // [M][xs_stride], 8-groups permuted (see above)
-    __shared__ int is_last;
     const int xs_stride = kc / 2 + 4;  // u32 per staged row (+16 bytes against bank conflicts)
     const int round_steps = kc / STEP;
 

@@ -1,0 +1,248 @@
+// Runs a CUDA kernel source (weight_mma.cu) on the CPU, for tests: the source is compiled as C++ after the
+// launch's #defines and this header. Each CUDA thread of a block is a fiber (ucontext) on one OS thread; blocks
+// run one after another. __syncthreads waits for every live thread of the block, an mma waits for its 32 lanes
+// and computes its m16n8k16 tile from their fragments (PTX ISA fragment layouts, float64 sums rounded to
+// float32). A barrier that cannot complete (a divergent __syncthreads or mma) is reported, not hung on.
+// Shared memory starts as NaN bits in every 16-bit half, so reading a slot no thread staged shows up.
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+using std::max;
+using std::min;
+
+#define WEIGHT_MMA_HOST 1
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(n)
+#define __shared__
+#define __align__(n) __attribute__((aligned(n)))
+
+struct uint4 {
+    unsigned x, y, z, w;
+} __attribute__((aligned(16)));
+struct uint2 {
+    unsigned x, y;
+} __attribute__((aligned(8)));
+struct host_dim3 {
+    unsigned x, y, z;
+};
+
+static host_dim3 threadIdx, blockIdx, gridDim, blockDim;
+
+namespace host {
+enum State { RUNNING, AT_SYNCTHREADS, AT_WARP, DONE };
+struct Fiber {
+    ucontext_t ctx;
+    State state;
+    std::vector<char> stack;
+};
+constexpr size_t SHARED_WORDS = 232448 / 4;  // the largest opt-in shared memory of an sm_80+ GPU
+constexpr int MAX_THREADS = 1024;
+static ucontext_t scheduler;
+static std::vector<Fiber> fibers;
+static int current = 0;
+static char error[512];
+struct WarpFragments {
+    unsigned a[32][4], b[32][2];
+};
+static WarpFragments warps[MAX_THREADS / 32];
+
+inline void wait(State s) {
+    fibers[current].state = s;
+    swapcontext(&fibers[current].ctx, &scheduler);
+}
+
+inline float bits_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned float_bits(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+inline float half_to_float(unsigned short h) {
+    const unsigned sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    if (e == 0x1F) return bits_float(sign | 0x7F800000u | (m << 13));
+    if (e == 0) return (sign ? -1.0f : 1.0f) * std::ldexp((float)m, -24);
+    return bits_float(sign | ((e + 112) << 23) | (m << 13));
+}
+inline unsigned short float_to_half(float f) {  // round to nearest even, subnormals, overflow to infinity
+    const unsigned u = float_bits(f), sign = (u >> 16) & 0x8000u;
+    const float a = std::fabs(f);
+    if (std::isnan(f)) return (unsigned short)(sign | 0x7E00u);
+    if (a >= 65520.0f) return (unsigned short)(sign | 0x7C00u);
+    if (a < 6.103515625e-05f) return (unsigned short)(sign | (unsigned)std::nearbyint(std::ldexp(a, 24)));
+    int e;
+    const float frac = std::frexp(a, &e);  // a = frac * 2^e, frac in [0.5, 1)
+    const unsigned m = (unsigned)std::nearbyint(std::ldexp(frac, 11));  // 1024..2048
+    return (unsigned short)(sign | (((unsigned)(e + 14) << 10) + (m - 1024)));
+}
+inline float bf16_to_float(unsigned short h) { return bits_float((unsigned)h << 16); }
+inline unsigned short float_to_bf16(float f) {  // round to nearest even
+    const unsigned u = float_bits(f);
+    if (std::isnan(f)) return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+inline float lo(unsigned r, bool bf16) { return bf16 ? bf16_to_float(r & 0xFFFF) : half_to_float(r & 0xFFFF); }
+inline float hi(unsigned r, bool bf16) { return bf16 ? bf16_to_float(r >> 16) : half_to_float(r >> 16); }
+}  // namespace host
+
+inline void __syncthreads() { host::wait(host::AT_SYNCTHREADS); }
+inline void __threadfence() {}
+inline float __ldcg(const float* p) { return *p; }
+inline int atomicAdd(int* p, int v) {
+    const int old = *p;
+    *p = old + v;
+    return old;
+}
+inline float __expf(float x) { return std::exp(x); }
+inline float __uint_as_float(unsigned u) { return host::bits_float(u); }
+inline unsigned __funnelshift_l(unsigned lo, unsigned hi, unsigned shift) {
+    const unsigned long long both = ((unsigned long long)hi << 32) | lo;
+    return (unsigned)((both << (shift & 31)) >> 32);
+}
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long pool = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)((pool >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+    return r;
+}
+
+// The PTX primitives of weight_mma.cu.
+inline unsigned mul2(unsigned a, unsigned b) {  // mul.rn.f16x2 / fma.rn.bf16x2 with -0: one rounding per half
+    unsigned out = 0;
+    for (int h = 0; h < 2; ++h) {
+        const unsigned short x = (a >> (16 * h)) & 0xFFFF, y = (b >> (16 * h)) & 0xFFFF;
+        const unsigned short r = BF16 ? host::float_to_bf16(host::bf16_to_float(x) * host::bf16_to_float(y))
+                                      : host::float_to_half(host::half_to_float(x) * host::half_to_float(y));
+        out |= (unsigned)r << (16 * h);
+    }
+    return out;
+}
+
+inline void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    // A (16 x 16, row-major): lane (g, t) holds a0 = (row g, k 2t, 2t + 1), a1 = (g + 8, same k),
+    // a2 = (g, k 2t + 8, 2t + 9), a3 = (g + 8, those k). B (16 x 8): b0 = (k 2t, 2t + 1; column g),
+    // b1 = (k 2t + 8, 2t + 9; column g). C: c0, c1 = (row g; columns 2t, 2t + 1), c2, c3 = (row g + 8; same).
+    const int tid = (int)threadIdx.x, lane = tid & 31;
+    host::WarpFragments& w = host::warps[tid >> 5];
+    const unsigned mine_a[4] = {a0, a1, a2, a3};
+    for (int i = 0; i < 4; ++i) w.a[lane][i] = mine_a[i];
+    w.b[lane][0] = b0;
+    w.b[lane][1] = b1;
+    host::wait(host::AT_WARP);
+    auto a_at = [&](int row, int k) {
+        const unsigned r = w.a[(row & 7) * 4 + (k & 7) / 2][(row >> 3) + 2 * (k >> 3)];
+        return (k & 1) ? host::hi(r, BF16) : host::lo(r, BF16);
+    };
+    auto b_at = [&](int k, int col) {
+        const unsigned r = w.b[col * 4 + (k & 7) / 2][k >> 3];
+        return (k & 1) ? host::hi(r, BF16) : host::lo(r, BF16);
+    };
+    const int g = lane >> 2, t = lane & 3;
+    float d[4];
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        double sum = c[i];
+        for (int k = 0; k < 16; ++k) sum += (double)a_at(row, k) * (double)b_at(k, col);
+        d[i] = (float)sum;
+    }
+    host::wait(host::AT_WARP);  // every lane has read the fragments before any lane's next mma writes them
+    for (int i = 0; i < 4; ++i) c[i] = d[i];
+}
+
+inline float act_to_float(unsigned short bits) {
+    return BF16 ? host::bf16_to_float(bits) : host::half_to_float(bits);
+}
+inline unsigned short float_to_out(float f) { return BF16 ? host::float_to_bf16(f) : host::float_to_half(f); }
+
+__attribute__((aligned(16))) unsigned xs[host::SHARED_WORDS];
+
+namespace host {
+static void (*kernel_body)();
+static void fiber_main() {
+    kernel_body();
+    fibers[current].state = DONE;  // returns to the scheduler (uc_link)
+}
+
+// One block: every fiber runs until it waits or returns; then a warp whose 32 lanes all wait at an mma goes on,
+// else the block's __syncthreads completes once every thread waits there. Returns 0, or 1 with `error` set.
+inline int run_block(int threads) {
+    for (size_t i = 0; i < SHARED_WORDS; ++i) xs[i] = 0x7FFF7FFFu;  // NaN in fp16 and in bf16
+    for (int i = 0; i < threads; ++i) {
+        Fiber& f = fibers[i];
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack.data();
+        f.ctx.uc_stack.ss_size = f.stack.size();
+        f.ctx.uc_link = &scheduler;
+        makecontext(&f.ctx, fiber_main, 0);
+        f.state = RUNNING;
+    }
+    for (;;) {
+        for (int i = 0; i < threads; ++i) {
+            if (fibers[i].state != RUNNING) continue;
+            current = i;
+            threadIdx = {(unsigned)i, 0, 0};
+            swapcontext(&scheduler, &fibers[i].ctx);
+        }
+        int done = 0, at_sync = 0;
+        bool moved = false;
+        for (int w = 0; w < threads / 32; ++w) {
+            int at_warp = 0;
+            for (int l = 0; l < 32; ++l) at_warp += fibers[w * 32 + l].state == AT_WARP;
+            if (at_warp == 32) {
+                for (int l = 0; l < 32; ++l) fibers[w * 32 + l].state = RUNNING;
+                moved = true;
+            } else if (at_warp > 0) {
+                std::snprintf(error, sizeof error, "block (%u, %u) warp %d: %d of 32 lanes at an mma, the rest "
+                              "elsewhere (a divergent mma.sync)", blockIdx.x, blockIdx.y, w, at_warp);
+                return 1;
+            }
+        }
+        if (moved) continue;
+        for (int i = 0; i < threads; ++i) {
+            done += fibers[i].state == DONE;
+            at_sync += fibers[i].state == AT_SYNCTHREADS;
+        }
+        if (done == threads) return 0;
+        if (at_sync == threads) {
+            for (int i = 0; i < threads; ++i) fibers[i].state = RUNNING;
+            continue;
+        }
+        std::snprintf(error, sizeof error, "block (%u, %u): %d threads at __syncthreads, %d returned (a divergent "
+                      "__syncthreads)", blockIdx.x, blockIdx.y, at_sync, done);
+        return 1;
+    }
+}
+
+// Every block of the grid, x fastest; returns 0, or 1 with the first error in `err`.
+inline int run_grid(int gx, int gy, int threads, void (*body)(), char* err, int errlen) {
+    if (threads % 32 != 0 || threads > MAX_THREADS) {
+        std::snprintf(err, errlen, "block of %d threads: need a multiple of 32 up to %d", threads, MAX_THREADS);
+        return 1;
+    }
+    kernel_body = body;
+    fibers.assign(threads, Fiber{});
+    for (auto& f : fibers) f.stack.resize(128 * 1024);
+    gridDim = {(unsigned)gx, (unsigned)gy, 1};
+    blockDim = {(unsigned)threads, 1, 1};
+    for (int y = 0; y < gy; ++y)
+        for (int x = 0; x < gx; ++x) {
+            blockIdx = {(unsigned)x, (unsigned)y, 0};
+            if (run_block(threads)) {
+                std::snprintf(err, errlen, "%s", error);
+                return 1;
+            }
+        }
+    return 0;
+}
+}  // namespace host
