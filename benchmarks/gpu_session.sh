@@ -61,6 +61,7 @@ tp)
         > "$OUT/allreduce.log" 2>&1
     bench bench_llama8b_nvfp4_tp1 --format nvfp4
     bench bench_llama8b_nvfp4_tp2 --format nvfp4 --tp 2
+    ANYFP4_TP_LM_HEAD=vocab bench bench_llama8b_nvfp4_tp2_vocab_head --format nvfp4 --tp 2
     ANYFP4_PREFILL=chunked timeout 240 python3 benchmarks/tp_runner.py --out "$OUT/tp_agreement.json" \
         > "$OUT/tp_runner.log" 2>&1  # chunked prefill: two GPUs should give one GPU's SHA-256
     tail -3 "$OUT/tp_runner.log"

@@ -100,6 +100,16 @@ def tp_allreduce() -> str:
     return _choice("ANYFP4_TP_ALLREDUCE", TP_ALLREDUCE_CHOICES, "auto")
 
 
+TP_LM_HEAD_CHOICES = ("replicated", "vocab")
+
+
+def tp_lm_head() -> str:
+    """``ANYFP4_TP_LM_HEAD``: the lm_head of a tensor-parallel model. ``replicated`` (default): every rank
+    computes all logits; ``vocab``: each rank computes the logits of its 1/tp of the vocabulary (reading 1/tp
+    of the lm_head) and the ranks all-gather them."""
+    return _choice("ANYFP4_TP_LM_HEAD", TP_LM_HEAD_CHOICES, "replicated")
+
+
 def vllm_auto() -> bool:
     """``ANYFP4_VLLM_AUTO=1``: the vLLM plugin claims supported checkpoints without ``quantization="anyfp4"``
     when the GPU has no native kernels for their format (NVFP4 below sm_100, FP8 below sm_89) or vLLM

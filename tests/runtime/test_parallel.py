@@ -33,6 +33,25 @@ def test_tp2_equals_single_process(tmp_path, fmt):
     assert generate_tp(ckpt, prompts, params, tp=2, port=free_port()) == single
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_vocab_parallel_lm_head_equals_single_process(tmp_path, monkeypatch, tied):
+    """ANYFP4_TP_LM_HEAD=vocab: each rank computes its rows of the logits (127 rows: slices of 64 and 63), the
+    all-gather puts them back in order; tied embeddings give each rank its rows of the embedding."""
+    from anyfp4.runtime.parallel import vocab_slice
+
+    assert [vocab_slice(127, r, 2) for r in range(2)] == [(0, 64), (64, 127)]
+    assert [vocab_slice(10, r, 4) for r in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    src = write_float_checkpoint(tmp_path / "src", dict(CONFIG, vocab_size=127, tie_word_embeddings=tied))
+    ckpt = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(format=TargetFormat.NVFP4, progress=False)).dst
+    prompts = [[5, 6, 7, 8, 9], [1, 2, 3]]
+    params = SamplingParams(max_new_tokens=12)
+    model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    single = generate(model, prompts, params)
+    monkeypatch.setenv("ANYFP4_TP_LM_HEAD", "vocab")
+    assert generate_tp(ckpt, prompts, params, tp=2, port=free_port()) == single
+
+
 def test_uneven_splits_are_refused():
     args = ModelArgs.from_hf(dict(CONFIG, num_key_value_heads=1, num_attention_heads=4))
     with pytest.raises(ValueError, match="cannot split this model over 2 ranks: 1 key/value heads"):

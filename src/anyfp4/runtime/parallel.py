@@ -5,7 +5,8 @@ row-parallel projections (o_proj, down_proj). torch.distributed with NCCL on GPU
   attention heads and KV heads and 1/tp of the MLP width;
 - row-parallel (o, down): columns (input features) split on 16-element group boundaries, so an
   NVFP4 rank keeps whole block scales; the partial outputs are summed by the all-reduce;
-- embeddings, norms and lm_head are replicated.
+- embeddings and norms are replicated; the lm_head too, or (``ANYFP4_TP_LM_HEAD=vocab``) split by
+  vocabulary rows, each rank computing its slice of the logits and the ranks all-gathering them.
 
 The model code never sees sharding: ``ShardedSource`` slices what the checkpoint source returns.
 """
@@ -71,12 +72,16 @@ def _cols(w, lo: int, hi: int):
 class ShardedSource(WeightSource):
     """Wraps a full-model source; asked with per-rank shapes, it loads full tensors and slices."""
 
-    def __init__(self, inner: WeightSource, rank: int, tp: int):
-        self.inner, self.rank, self.tp = inner, rank, tp
+    def __init__(self, inner: WeightSource, rank: int, tp: int, vocab_parallel: bool = False):
+        self.inner, self.rank, self.tp, self.vocab_parallel = inner, rank, tp, vocab_parallel
 
     def linear(self, name, out_features, in_features):
         leaf = name.rsplit(".", 1)[-1]
         r, tp = self.rank, self.tp
+        if name == "lm_head" and self.vocab_parallel:
+            w, b = self.inner.linear(name, out_features, in_features)
+            lo, hi = vocab_slice(out_features, r, tp)
+            return _rows(w, lo, hi), (b[lo:hi] if b is not None else None)
         if leaf in COLUMN_PARALLEL:
             w, b = self.inner.linear(name, out_features * tp, in_features)
             lo, hi = r * out_features, (r + 1) * out_features
@@ -166,6 +171,44 @@ class AllReduce(nn.Module):
         return self.inner.scale_partial(total).to(x.dtype)
 
 
+def vocab_slice(vocab: int, rank: int, tp: int) -> tuple[int, int]:
+    """The vocabulary rows of ``rank``: ceil(vocab / tp) each, the last rank's slice shorter when uneven."""
+    per = -(-vocab // tp)
+    return min(vocab, rank * per), min(vocab, (rank + 1) * per)
+
+
+class VocabParallelHead(nn.Module):
+    """This rank's rows of the lm_head, then the ranks' logits all-gathered in rank order: the full (..., vocab)
+    logits on every rank. Slices are padded to one width for the gather (the last may be shorter)."""
+
+    def __init__(self, inner: nn.Module, vocab: int, tp: int):
+        super().__init__()
+        self.inner, self.vocab, self.tp = inner, vocab, tp
+        self.width = -(-vocab // tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        if y.shape[-1] < self.width:
+            y = nn.functional.pad(y, (0, self.width - y.shape[-1]))
+        y = y.contiguous()
+        gathered = torch.empty((self.tp * y.shape[0], *y.shape[1:]), dtype=y.dtype, device=y.device)
+        dist.all_gather_into_tensor(gathered, y)  # rank r's slice at rows r * b .. (r + 1) * b
+        return torch.cat(gathered.view(self.tp, *y.shape).unbind(0), dim=-1)[..., : self.vocab]
+
+
+def shard_lm_head(model: nn.Module, rank: int, tp: int) -> None:
+    """Vocabulary-parallel lm_head: a tied one becomes this rank's rows of the embedding (an untied one was
+    loaded as its rows by ``ShardedSource``); then the all-gather around it."""
+    from ..layers import DenseLinear
+
+    vocab = model.args.vocab_size
+    lo, hi = vocab_slice(vocab, rank, tp)
+    head = model.lm_head
+    if isinstance(head, DenseLinear) and head.weight.shape[0] == vocab:  # tied: built from the whole embedding
+        head = DenseLinear(model.embed[lo:hi], None, model.device, model.dtype)
+    model.lm_head = VocabParallelHead(head, vocab, tp)
+
+
 def _single_gpu_split(layer: nn.Module, n: int, k: int, gated: bool) -> int:
     """The split-K one GPU uses for the full ``n`` x ``k`` layer (the launch table's, from M = 1)."""
     from ..kernels.nvfp4_prepack import K_ALIGN, _round_up
@@ -217,13 +260,26 @@ def wrap_row_parallel(model: nn.Module, tp: int) -> None:
 def load_model_tp(path, device, dtype, rank: int, tp: int, progress: bool = False):
     """This rank's shard of the checkpoint at ``path`` (the process group must be initialised)."""
     from ..checkpoint.reader import CheckpointReader
-    from .loader import CheckpointSource, build_model
+    from .loader import CheckpointSource
 
     reader = CheckpointReader(path)
-    args = ModelArgs.from_hf(reader.config)
-    model = build_model(rank_args(args, tp), ShardedSource(CheckpointSource(reader), rank, tp),
-                        torch.device(device), dtype, progress and rank == 0)
+    return build_model_tp(ModelArgs.from_hf(reader.config), CheckpointSource(reader), device, dtype, rank, tp,
+                          progress and rank == 0)
+
+
+def build_model_tp(args: ModelArgs, src: WeightSource, device, dtype, rank: int, tp: int, progress: bool = False):
+    """Rank ``rank``'s shard of the model ``src`` holds whole: its slices of every linear, the all-reduces after
+    the row-parallel ones, and the lm_head replicated or split by vocabulary (``ANYFP4_TP_LM_HEAD``)."""
+    from ..env import tp_lm_head
+    from .loader import build_model
+
+    vocab_parallel = tp_lm_head() == "vocab"
+    with torch.no_grad():
+        model = build_model(rank_args(args, tp), ShardedSource(src, rank, tp, vocab_parallel), torch.device(device),
+                            dtype, progress)
     wrap_row_parallel(model, tp)
+    if vocab_parallel:
+        shard_lm_head(model, rank, tp)
     return model
 
 

@@ -78,12 +78,8 @@ def random_model(arch: str, fmt: str, device, dtype, seed: int = 0, progress: bo
     args = ModelArgs(**ARCHS[arch])
     src = RandomSource(fmt, device, seed, tied=args.tie_word_embeddings)
     if tp > 1:
-        from .parallel import ShardedSource, rank_args, wrap_row_parallel
+        from .parallel import build_model_tp
 
-        with torch.no_grad():
-            model = build_model(rank_args(args, tp), ShardedSource(src, rank, tp), torch.device(device), dtype,
-                                progress)
-        wrap_row_parallel(model, tp)
-        return model
+        return build_model_tp(args, src, device, dtype, rank, tp, progress)
     with torch.no_grad():
         return build_model(args, src, torch.device(device), dtype, progress)
