@@ -80,7 +80,7 @@ def main() -> None:
     if not args.cuobjdump:
         raise SystemExit("cuobjdump not found: pass --cuobjdump (see the docstring)")
     defines = dict(EARLY=1, SPLIT=1, OUT_F32=0, FP8=int(args.fp8), NT=1, MT=1, WARPS=args.warps, DEPTH=args.depth,
-                   BF16=int(not args.fp16), GATED=0, HAS_BIAS=0)
+                   BF16=int(not args.fp16), GATED=0, HAS_BIAS=0, VEC_X=1)
     cubin = nvrtc.compile_cubin(weight_mma._source(), weight_mma.KERNEL, 90, defines)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)

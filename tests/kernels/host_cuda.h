@@ -30,6 +30,7 @@ struct uint4 {
 struct uint2 {
     unsigned x, y;
 } __attribute__((aligned(8)));
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 struct host_dim3 {
     unsigned x, y, z;
 };
@@ -49,6 +50,7 @@ static ucontext_t scheduler;
 static std::vector<Fiber> fibers;
 static int current = 0;
 static char error[512];
+static char fault[512];  // the first fault of a launch (it runs on, like a GPU until the error is read)
 struct WarpFragments {
     unsigned a[32][4], b[32][2];
 };
@@ -160,6 +162,18 @@ inline void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a
     for (int i = 0; i < 4; ++i) c[i] = d[i];
 }
 
+inline void copy_16_bytes_async(unsigned* dst, const unsigned short* src, bool valid) {  // done at once
+    if (((valid && reinterpret_cast<uintptr_t>(src) % 16) || reinterpret_cast<uintptr_t>(dst) % 16) && !host::fault[0])
+        std::snprintf(host::fault, sizeof host::fault, "block (%u, %u) thread %u: cp.async of 16 bytes from %p to "
+                      "%p, not 16-byte aligned (a GPU faults)", blockIdx.x, blockIdx.y, threadIdx.x,
+                      (const void*)src, (void*)dst);
+    if (valid)
+        std::memcpy(dst, src, 16);
+    else
+        std::memset(dst, 0, 16);
+}
+inline void wait_async_copies() {}
+
 inline float act_to_float(unsigned short bits) {
     return BF16 ? host::bf16_to_float(bits) : host::half_to_float(bits);
 }
@@ -231,6 +245,7 @@ inline int run_grid(int gx, int gy, int threads, void (*body)(), char* err, int 
         return 1;
     }
     kernel_body = body;
+    fault[0] = 0;
     fibers.assign(threads, Fiber{});
     for (auto& f : fibers) f.stack.resize(128 * 1024);
     gridDim = {(unsigned)gx, (unsigned)gy, 1};
@@ -243,6 +258,10 @@ inline int run_grid(int gx, int gy, int threads, void (*body)(), char* err, int 
                 return 1;
             }
         }
+    if (fault[0]) {
+        std::snprintf(err, errlen, "%s", fault);
+        return 1;
+    }
     return 0;
 }
 }  // namespace host

@@ -196,7 +196,7 @@ def test_every_variant_compiles(sm):
     for i, (fp8, nt, mt, warps, depth, bf16, gated, bias) in enumerate(VARIANTS):
         cubin = nvrtc.compile_cubin(src, weight_mma.KERNEL, sm, dict(FP8=fp8, NT=nt, MT=mt, WARPS=warps, DEPTH=depth,
                                                                      BF16=bf16, GATED=gated, HAS_BIAS=bias,
-                                                                     OUT_F32=i % 2, EARLY=int(sm >= 90),
+                                                                     OUT_F32=i % 2, EARLY=int(sm >= 90), VEC_X=int(i % 3 > 0),
                                                                      SPLIT=(1, 2, 6, 8, 16)[i % 5]))
         assert cubin[:4] == b"\x7fELF"
 

@@ -168,7 +168,8 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
                          f"more than the {stage_bytes} this GPU gives a block")
     defines = dict(EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth, BF16=int(x.dtype == torch.bfloat16),
-                   GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None))
+                   GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None),
+                   VEC_X=int(x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0))  # cp.async staging
     if out is None:
         out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
     if out.shape != (m, n_rows) or out.dtype != out_dtype or out.stride(1) != 1:

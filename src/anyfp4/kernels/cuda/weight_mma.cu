@@ -28,7 +28,9 @@
 //     exactly, subnormals included).
 //   - the activations are staged once per block in shared memory, permuted so that one load gives the B halves
 //     matching those pairs: per 8-group (x0, x4, x1, x5, x2, x6, x3, x7) for NVFP4, (x0, x2, x1, x3, x4, x6,
-//     x5, x7) for FP8.
+//     x5, x7) for FP8. Staging copies every 16-byte group with cp.async (all in flight at once, no registers
+//     held) and then permutes in place: at M = 32 a block stages 32 x K activations, and one round trip per
+//     staging round instead of one per 8-group and thread keeps that off the critical path.
 // The epilogue multiplies by the global scale * 2^14 (NVFP4 fp16), * 2^8 (NVFP4 bf16), or by the row's scale
 // (* 2^8 for FP8 fp16).
 //
@@ -39,8 +41,9 @@
 //
 // Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16
 // tiles per warp), WARPS, DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED,
-// HAS_BIAS, SPLIT (split-K slices, = gridDim.y), OUT_F32 (float32 output, unrounded and before the global /
-// row scale: a row-parallel rank's share; plain prepacks without bias only), EARLY (a programmatic dependent
+// HAS_BIAS, VEC_X (activation rows 16-byte aligned and K % 8 == 0: staged by cp.async), SPLIT (split-K slices,
+// = gridDim.y), OUT_F32 (float32 output, unrounded and before the global / row scale: a row-parallel rank's
+// share; plain prepacks without bias only), EARLY (a programmatic dependent
 // launch on sm_90: the block fills its ring of code words — weights, which no kernel writes — while the
 // previous kernel finishes, and waits for it (griddepcontrol.wait) before it reads the activations or writes
 // anything). The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
@@ -60,7 +63,7 @@ typedef unsigned short u16;
 #define STEP 128
 #endif
 
-// The PTX primitives: an f16x2 / bf16x2 multiply, the m16n8k16 mma, conversions. A host build of this file
+// The PTX primitives: an f16x2 / bf16x2 multiply, the m16n8k16 mma, conversions, asynchronous copies. A host build of this file
 // (tests/kernels/host_cuda.h, which runs the kernel on a CPU) defines WEIGHT_MMA_HOST and brings its own.
 #ifndef WEIGHT_MMA_HOST
 __device__ __forceinline__ u32 mul2(u32 a, u32 b) {
@@ -97,6 +100,16 @@ __device__ __forceinline__ float act_to_float(u16 bits) {
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
     return f;
 #endif
+}
+
+// 16 bytes global -> shared without registers (sm_80+ cp.async; zero-filled where !valid), and the wait for them.
+__device__ __forceinline__ void copy_16_bytes_async(u32* dst, const u16* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"((u32)__cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void wait_async_copies() {
+    asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
 }
 
 __device__ __forceinline__ u16 float_to_out(float f) {
@@ -172,6 +185,9 @@ __device__ __forceinline__ int acc_row_offset(int i) { return (i >> 1) * 8; }
 #ifndef SPLIT
 #error "SPLIT (the split-K, gridDim.y) must be defined"
 #endif
+#ifndef VEC_X
+#error "VEC_X (16-byte aligned activation rows, K % 8 == 0) must be defined"
+#endif
 #define LEAVES (SPLIT & -SPLIT)
 #define PER_LEAF (SPLIT / LEAVES)
 __device__ __forceinline__ float sum_slices(const float* p, long long stride) {
@@ -190,6 +206,18 @@ __device__ __forceinline__ float sum_slices(const float* p, long long stride) {
 #pragma unroll
         for (int j = 0; j < LEAVES; j += 2 * width) v[j] = v[j] + v[j + width];
     return v[0];
+}
+
+// An 8-group of activations (x0 | x1 << 16, x2 | x3 << 16, ...) in the order the pairs of a weight word meet
+// them: (x0, x4), (x1, x5), (x2, x6), (x3, x7) for NVFP4; (x0, x2), (x1, x3), (x4, x6), (x5, x7) for FP8.
+__device__ __forceinline__ uint4 permute_group(const uint4 w) {
+#if FP8
+    return make_uint4(__byte_perm(w.x, w.y, 0x5410u), __byte_perm(w.x, w.y, 0x7632u),
+                      __byte_perm(w.z, w.w, 0x5410u), __byte_perm(w.z, w.w, 0x7632u));
+#else
+    return make_uint4(__byte_perm(w.x, w.z, 0x5410u), __byte_perm(w.x, w.z, 0x7632u),
+                      __byte_perm(w.y, w.w, 0x5410u), __byte_perm(w.y, w.w, 0x7632u));
+#endif
 }
 
 __device__ __forceinline__ u32 word_of(const uint4& w, int q) {
@@ -269,28 +297,43 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     // Staging rounds start at s_beg and are a multiple of DEPTH steps long (the launcher's kc), so a round only
     // ever starts at the first step of a pass over the ring.
     int round_beg = s_beg, round_end = s_beg;
-    auto stage = [&](const int s) {  // the activations of the kc-wide round from step s
+    // The activations of the kc-wide round from step s, as 8-groups permuted (permute_group). Rows 16-byte
+    // aligned with K % 8 == 0 (VEC_X; a group then lies wholly below K or wholly past it): every 16-byte group
+    // copied by cp.async at once (no registers held; a group past K is zero-filled), then each thread permutes
+    // its own groups in place. Else element by element.
+    auto stage = [&](const int s) {
         const int c1 = min(s + round_steps, s_end);
-        const int groups = (c1 - s) * (STEP / 8);
+        const int groups = (c1 - s) * (STEP / 8), total = M * groups;
         __syncthreads();
-        for (int idx = threadIdx.x; idx < M * groups; idx += WARPS * 32) {
-            const int m = idx / groups, grp = idx - m * groups;
-            const int k = s * STEP + grp * 8;
-            const u16* xr = x + (long long)m * stride_xm + k;
-            u16 v[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = (k + i < K) ? xr[i] : (u16)0;
-            u32* dst = xs + m * xs_stride + grp * 4;
-#if FP8
-            dst[0] = (u32)v[0] | ((u32)v[2] << 16);
-            dst[1] = (u32)v[1] | ((u32)v[3] << 16);
-            dst[2] = (u32)v[4] | ((u32)v[6] << 16);
-            dst[3] = (u32)v[5] | ((u32)v[7] << 16);
-#else
-#pragma unroll
-            for (int j = 0; j < 4; ++j) dst[j] = (u32)v[j] | ((u32)v[j + 4] << 16);
-#endif
+#if VEC_X
+        {
+            for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
+                const int m = idx / groups, grp = idx - m * groups, k = s * STEP + grp * 8;
+                const u16* xr = x + (long long)m * stride_xm;
+                copy_16_bytes_async(xs + m * xs_stride + grp * 4, k < K ? xr + k : xr, k < K);
+            }
+            wait_async_copies();
+            for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
+                const int m = idx / groups, grp = idx - m * groups;
+                uint4* p = reinterpret_cast<uint4*>(xs + m * xs_stride + grp * 4);
+                *p = permute_group(*p);
+            }
         }
+#else
+        {
+            for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
+                const int m = idx / groups, grp = idx - m * groups, k = s * STEP + grp * 8;
+                const u16* xr = x + (long long)m * stride_xm;
+                u32 w[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    w[i] = (k + 2 * i < K ? (u32)xr[k + 2 * i] : 0u)
+                           | ((k + 2 * i + 1 < K ? (u32)xr[k + 2 * i + 1] : 0u) << 16);
+                *reinterpret_cast<uint4*>(xs + m * xs_stride + grp * 4) =
+                    permute_group(make_uint4(w[0], w[1], w[2], w[3]));
+            }
+        }
+#endif
         __syncthreads();
         round_beg = s;
         round_end = c1;
