@@ -41,6 +41,7 @@ kernels)
 bench)
     bench bench_llama8b_nvfp4 --format nvfp4 --compare bf16
     bench bench_llama8b_fp8 --format fp8
+    bench bench_llama8b_nvfp4_quantized_head --format nvfp4 --quantized-lm-head
     ;;
 sweep)
     timeout 560 python3 benchmarks/probes/mma_sweep.py --skip-check --formats "${FORMATS:-nvfp4 fp8}" \

@@ -159,7 +159,10 @@ def _bench_one(spec: str, args: argparse.Namespace) -> dict:
     dtype = pick_dtype(args.dtype, device)
     if spec.startswith("random:"):
         _, arch, fmt = spec.split(":")
-        model = random_model(arch, fmt, device, dtype, progress=not args.json)
+        try:
+            model = random_model(arch, fmt, device, dtype, progress=not args.json)
+        except ValueError as e:
+            raise SystemExit(f"anyfp4 bench: {e}") from None
     else:
         from .runtime.loader import load_model
 
@@ -186,7 +189,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     if (args.model is None) == (args.random_weights is None):
         raise SystemExit("anyfp4 bench: give a checkpoint directory or --random-weights ARCH (not both)")
-    specs = [args.model or f"random:{args.random_weights}:{args.format}"]
+    if args.quantized_lm_head and not args.random_weights:
+        raise SystemExit("anyfp4 bench: --quantized-lm-head is for --random-weights (a checkpoint says itself)")
+    head = "+lm_head" if args.quantized_lm_head else ""
+    specs = [args.model or f"random:{args.random_weights}:{args.format}{head}"]
     if args.compare:
         # with --random-weights, --compare names a second format (e.g. bf16) unless it is a directory
         other_format = args.random_weights and not Path(args.compare).is_dir()
@@ -330,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "device: llama-3.1-8b, qwen3-8b, smollm2-135m")
     b.add_argument("--format", default="nvfp4", choices=["nvfp4", "fp8", "mixed", "bf16"],
                    help="weight format for --random-weights")
+    b.add_argument("--quantized-lm-head", action="store_true", help="with --random-weights: the lm_head in --format "
+                   "too (as `anyfp4 quantize --no-default-exclude` writes it); by default it stays bf16, as in "
+                   "ModelOpt's exports")
     b.add_argument("--compare", help="a second checkpoint, or with --random-weights a second format, run in the "
                    "same process (A/B)")
     b.add_argument("--prompt-len", type=int, default=128)

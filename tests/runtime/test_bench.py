@@ -50,3 +50,24 @@ def test_bench_reports_speculation(capsys):
     sp = r["speculative"]
     assert sp["draft_tokens"] == 3 and sp["verify_steps"] >= 1 and sp["decode_tok_s"] > 0
     assert sp["same_text"] and len(sp["sha256"]) == 64
+
+
+def test_random_lm_head_quantized_on_request():
+    """``FORMAT+lm_head``: the lm_head in the weight format too (NVFP4 for mixed); bf16 otherwise; refused for a
+    bf16 model and for tied embeddings, and from the CLI as a clear message."""
+    import torch
+
+    from anyfp4.formats.fp8 import FP8Weight
+    from anyfp4.formats.nvfp4 import NVFP4Weight
+    from anyfp4.runtime.random_model import RandomSource
+
+    for fmt, kind in [("nvfp4", torch.Tensor), ("nvfp4+lm_head", NVFP4Weight), ("fp8+lm_head", FP8Weight),
+                      ("mixed+lm_head", NVFP4Weight)]:
+        w, _ = RandomSource(fmt, "cpu").linear("lm_head", 64, 32)
+        assert isinstance(w, kind), fmt
+    for fmt, tied, why in [("bf16+lm_head", False, "no quantized lm_head"), ("nvfp4+lm_head", True, "ties"),
+                           ("nvfp4+head", False, "not 'nvfp4\\+head'")]:
+        with pytest.raises(ValueError, match=why):
+            RandomSource(fmt, "cpu", tied=tied)
+    with pytest.raises(SystemExit, match="ties its lm_head"):
+        main(["bench", "--random-weights", "smollm2-135m", "--quantized-lm-head", "--device", "cpu"])

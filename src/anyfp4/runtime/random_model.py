@@ -29,14 +29,28 @@ ARCHS = {
 FORMATS = ("nvfp4", "fp8", "mixed", "bf16")
 
 
+QUANTIZED_HEAD = "+lm_head"  # format suffix: the lm_head quantized too (NVFP4 for mixed)
+
+
 class RandomSource(WeightSource):
+    """``fmt``: one of ``FORMATS``, the lm_head bf16 (as ModelOpt exports keep it), or with the suffix
+    ``+lm_head`` quantized like the rest (as ``anyfp4 quantize --no-default-exclude`` writes it)."""
+
     def __init__(self, fmt: str, device, seed: int = 0, tied: bool = False):
-        if fmt not in FORMATS:
-            raise ValueError(f"random weights come as {', '.join(FORMATS)}, not {fmt!r}")
-        self.fmt, self.device, self.tied = fmt, torch.device(device), tied
+        base = fmt.removesuffix(QUANTIZED_HEAD)
+        if base not in FORMATS:
+            raise ValueError(f"random weights come as {', '.join(FORMATS)} (optionally {QUANTIZED_HEAD}), "
+                             f"not {fmt!r}")
+        self.quantized_head = base != fmt
+        if self.quantized_head and (base == "bf16" or tied):
+            raise ValueError(f"{fmt!r}: " + ("a bf16 model has no quantized lm_head" if base == "bf16" else
+                                             "this architecture ties its lm_head to the embeddings"))
+        self.fmt, self.device, self.tied = base, torch.device(device), tied
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
 
     def _format_of(self, name: str) -> str:
+        if name == "lm_head" and self.quantized_head:
+            return "nvfp4" if self.fmt == "mixed" else self.fmt
         if name == "lm_head" or self.fmt == "bf16":
             return "bf16"
         if self.fmt == "mixed":
