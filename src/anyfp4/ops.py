@@ -261,49 +261,53 @@ def _warn_once(message: str) -> None:
         warnings.warn(f"anyfp4: {message}", stacklevel=3)
 
 
+def _fp8_cuda(x2: Tensor, w, bias: Optional[Tensor], unit, partial: bool, split_k: int) -> Tensor:
+    """The FP8 op on a GPU, x2 (M, K) contiguous -> (M, N): the CUDA kernel at M <= 32 (or, with
+    ``ANYFP4_PREFILL=chunked``, 32 rows at a time), else the Triton GEMV at M = 1 or dequantize + cuBLAS;
+    ``unit``: ``w`` with unit row scales (a partial's prefill)."""
+    from .env import prefill_mode
+    from .kernels import weight_mma
+    from .kernels.fp8_linear import fp8_gemv, fp8_matmul
+    from .kernels.tuning import device_arch, mma_config
+
+    m = x2.shape[0]
+    out_dtype = torch.float32 if partial else None
+    bias = bias if not w.gated else None
+    sm, sms = device_arch(x2.device.index)
+
+    def mma(rows: Tensor) -> Tensor:
+        config = mma_config(sm, sms, "fp8", w.gated, w.out_features, w.in_features, w.codes.shape[1] * 4,
+                            rows.shape[0], split_k)
+        return weight_mma.fp8_mma_gemm(rows, w, bias, config, out_dtype=out_dtype)
+
+    if m == 0:
+        return x2.new_empty(0, w.out_features, dtype=out_dtype or x2.dtype)
+    if m <= weight_mma.MAX_MMA_M and weight_mma.enabled(sm):
+        return mma(x2)
+    if prefill_mode() == "chunked" and weight_mma.enabled(sm):
+        return _in_row_chunks(x2, mma)
+    if m == 1:
+        y = fp8_gemv(x2, w, bias)
+        return y.float() / w.scales[: w.out_features] if partial else y  # the Triton GEMV scales and rounds first
+    return fp8_matmul(x2, unit, bias, out_dtype)
+
+
 def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_k: int = 0,
              input_scale: Optional[Tensor] = None) -> Tensor:
     """``partial``: float32, before the row scales, not rounded (a row-parallel rank's share); ``input_scale``: the
     static activation scale the opt-in W8A8 prefill quantizes with."""
     from .formats.fp8 import dequantize_fp8
-    from .kernels.fp8_linear import FP8Prepacked, fp8_gemv, fp8_matmul, unprepack_fp8
+    from .kernels.fp8_linear import FP8Prepacked, unprepack_fp8
 
     x2 = x.reshape(-1, w.in_features)
     if not partial and _w8a8_applies(x, x2.shape[0], input_scale):
         from .kernels.fp8_w8a8 import w8a8_matmul
 
         return w8a8_matmul(x2.contiguous(), w, bias, input_scale).reshape(*x.shape[:-1], w.out_features)
-    out_dtype = torch.float32 if partial else None
     unit = (FP8Prepacked(w.codes, torch.ones_like(w.scales), w.out_features, w.in_features, w.up_offset)
             if partial else w)
     if x.is_cuda:
-        from .env import prefill_mode
-        from .kernels import weight_mma
-        from .kernels.tuning import device_arch, mma_config
-
-        x2 = x2.contiguous()
-        m = x2.shape[0]
-        bias = bias if not w.gated else None
-        sm, sms = device_arch(x.device.index)
-
-        def mma(rows: Tensor) -> Tensor:
-            config = mma_config(sm, sms, "fp8", w.gated, w.out_features, w.in_features, w.codes.shape[1] * 4,
-                                rows.shape[0], split_k)
-            return weight_mma.fp8_mma_gemm(rows, w, bias, config, out_dtype=out_dtype)
-
-        if m == 0:
-            y = x2.new_empty(0, w.out_features, dtype=out_dtype or x.dtype)
-        elif m <= weight_mma.MAX_MMA_M and weight_mma.enabled(sm):
-            y = mma(x2)
-        elif prefill_mode() == "chunked" and weight_mma.enabled(sm):
-            y = _in_row_chunks(x2, mma)
-        elif m == 1:
-            y = fp8_gemv(x2, w, bias)
-            if partial:  # the Triton GEMV (sm_70/75) scales and rounds first
-                y = y.float() / w.scales[: w.out_features]
-        else:
-            y = fp8_matmul(x2, unit, bias, out_dtype)
-        return y.reshape(*x.shape[:-1], w.out_features)
+        return _fp8_cuda(x2.contiguous(), w, bias, unit, partial, split_k).reshape(*x.shape[:-1], w.out_features)
     xf = x2.float()
     if partial:
         return (xf @ dequantize_fp8(unprepack_fp8(unit)).t()).reshape(*x.shape[:-1], w.out_features)
