@@ -8,7 +8,10 @@ loop), and ``window``, the instructions between the second and third group of a 
 issues where every step carries its own loads and control, as before the loop over whole passes). At M = 1 the
 kernel is issue-bound, so these track its speed (benchmarks/NOTES.md).
 
-    python benchmarks/probes/sass_count.py [--fp8] [--fp16] [--depth 4] [--warps 8] [--cuobjdump PATH]
+    python benchmarks/probes/sass_count.py [--fp8] [--fp16] [--depth 4] [--warps 8] [--nt 1] [--mt 1] [--gated]
+                                           [--cuobjdump PATH]
+
+It also prints the variant's registers per thread and its local-memory (spill) instructions.
 """
 
 from __future__ import annotations
@@ -75,19 +78,27 @@ def main() -> None:
     ap.add_argument("--fp16", action="store_true", help="fp16 activations (default bf16)")
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--warps", type=int, default=8)
+    ap.add_argument("--nt", type=int, default=1, help="n8 tiles of activation rows (1: M <= 8, 2: <= 16, 4: <= 32)")
+    ap.add_argument("--mt", type=int, default=1, help="m16 tiles of weight rows per warp")
+    ap.add_argument("--gated", action="store_true")
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
     args = ap.parse_args()
     if not args.cuobjdump:
         raise SystemExit("cuobjdump not found: pass --cuobjdump (see the docstring)")
-    defines = dict(EARLY=1, SPLIT=1, OUT_F32=0, FP8=int(args.fp8), NT=1, MT=1, WARPS=args.warps, DEPTH=args.depth,
-                   BF16=int(not args.fp16), GATED=0, HAS_BIAS=0, VEC_X=1)
+    defines = dict(EARLY=1, SPLIT=1, OUT_F32=0, FP8=int(args.fp8), NT=args.nt, MT=args.mt, WARPS=args.warps,
+                   DEPTH=args.depth, BF16=int(not args.fp16), GATED=int(args.gated), HAS_BIAS=0, VEC_X=1)
     cubin = nvrtc.compile_cubin(weight_mma._source(), weight_mma.KERNEL, 90, defines)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([args.cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    per_step = 4 if args.fp8 else 8
-    weights = 32 if args.fp8 else 64
+        usage = subprocess.run([args.cuobjdump, "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    spills = len(re.findall(r"\b(?:LDL|STL)\b", sass))
+    print(f"registers per thread: {regs.group(1) if regs else '?'}; local-memory (spill) instructions: {spills}")
+    per_step = (4 if args.fp8 else 8) * args.nt * args.mt * (2 if args.gated else 1)
+    weights = (32 if args.fp8 else 64) * args.mt * (2 if args.gated else 1)
     n, ops = loop_counts(sass, per_step, args.depth)
     w, wops = window_counts(sass, per_step)
     if n is not None:
