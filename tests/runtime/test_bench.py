@@ -69,5 +69,6 @@ def test_random_lm_head_quantized_on_request():
                            ("nvfp4+head", False, "not 'nvfp4\\+head'")]:
         with pytest.raises(ValueError, match=why):
             RandomSource(fmt, "cpu", tied=tied)
-    with pytest.raises(SystemExit, match="ties its lm_head"):
-        main(["bench", "--random-weights", "smollm2-135m", "--quantized-lm-head", "--device", "cpu"])
+    for tp in ("1", "2"):
+        with pytest.raises(SystemExit, match="ties its lm_head"):
+            main(["bench", "--random-weights", "smollm2-135m", "--quantized-lm-head", "--device", "cpu", "--tp", tp])

@@ -89,12 +89,13 @@ def bench_tp(spec: str, tp: int, device_type: str, dtype_name: str, prompt_len: 
     from .config import ModelArgs
 
     if spec.startswith("random:"):
-        from .random_model import ARCHS
+        from .random_model import ARCHS, RandomSource
 
-        arch = spec.split(":")[1]
+        _, arch, fmt = spec.split(":")
         if arch not in ARCHS:
             raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
         args = ModelArgs(**ARCHS[arch])
+        RandomSource(fmt, "cpu", tied=args.tie_word_embeddings)  # refuses a bad format before spawning
     else:
         from ..checkpoint.reader import CheckpointReader
 
