@@ -31,6 +31,7 @@ struct uint2 {
     unsigned x, y;
 } __attribute__((aligned(8)));
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 struct host_dim3 {
     unsigned x, y, z;
 };
@@ -162,16 +163,21 @@ inline void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a
     for (int i = 0; i < 4; ++i) c[i] = d[i];
 }
 
-inline void copy_16_bytes_async(unsigned* dst, const unsigned short* src, bool valid) {  // done at once
-    if (((valid && reinterpret_cast<uintptr_t>(src) % 16) || reinterpret_cast<uintptr_t>(dst) % 16) && !host::fault[0])
-        std::snprintf(host::fault, sizeof host::fault, "block (%u, %u) thread %u: cp.async of 16 bytes from %p to "
-                      "%p, not 16-byte aligned (a GPU faults)", blockIdx.x, blockIdx.y, threadIdx.x,
-                      (const void*)src, (void*)dst);
+inline void copy_async(unsigned* dst, const unsigned short* src, bool valid, unsigned bytes) {  // done at once
+    if (((valid && reinterpret_cast<uintptr_t>(src) % bytes) || reinterpret_cast<uintptr_t>(dst) % bytes)
+        && !host::fault[0])
+        std::snprintf(host::fault, sizeof host::fault, "block (%u, %u) thread %u: cp.async of %u bytes from %p to "
+                      "%p, not %u-byte aligned (a GPU faults)", blockIdx.x, blockIdx.y, threadIdx.x, bytes,
+                      (const void*)src, (void*)dst, bytes);
     if (valid)
-        std::memcpy(dst, src, 16);
+        std::memcpy(dst, src, bytes);
     else
-        std::memset(dst, 0, 16);
+        std::memset(dst, 0, bytes);
 }
+inline void copy_16_bytes_async(unsigned* dst, const unsigned short* src, bool valid) {
+    copy_async(dst, src, valid, 16);
+}
+inline void copy_8_bytes_async(unsigned* dst, const unsigned short* src, bool valid) { copy_async(dst, src, valid, 8); }
 inline void wait_async_copies() {}
 
 inline float act_to_float(unsigned short bits) {

@@ -202,12 +202,12 @@ def test_every_variant_compiles(sm):
 
 
 def test_stage_k_fits_the_shared_memory_it_is_given():
-    for m in range(1, 33):
+    for m, fmt in itertools.product(range(1, 33), weight_mma.STEP_K):
         for cap in (32 * 1024, 99 * 1024, 128 * 1024):
-            kc = weight_mma.stage_k(m, cap)
+            kc = weight_mma.stage_k(m, cap, fmt=fmt)
             assert 128 <= kc <= 4096 and kc & (kc - 1) == 0
-            assert m * (kc // 2 + 4) * 4 <= cap or kc == 128
-            assert kc == 4096 or m * (kc + 4) * 4 > cap  # the largest that fits
+            assert weight_mma.stage_bytes_for(m, kc, fmt) <= cap or kc == 128
+            assert kc == 4096 or weight_mma.stage_bytes_for(m, 2 * kc, fmt) > cap  # the largest that fits
 
 
 def test_rounds_are_whole_passes_of_the_ring_on_every_supported_gpu():
@@ -215,11 +215,53 @@ def test_rounds_are_whole_passes_of_the_ring_on_every_supported_gpu():
     DEPTH steps. The smallest opt-in shared memory of an sm_80+ GPU (99 KiB on sm_86/89, less 1 KiB) fits that
     for every M and depth, so the launcher's error for it cannot fire there."""
     for m in range(1, 33):
-        for step in weight_mma.STEP_K.values():
+        for fmt, step in weight_mma.STEP_K.items():
             for depth in (2, 4, 8):
                 least = depth * step
-                kc = weight_mma.stage_k(m, 99 * 1024 - 1024, least)
-                assert kc % least == 0 and weight_mma.stage_bytes_for(m, kc) <= 99 * 1024 - 1024
+                kc = weight_mma.stage_k(m, 99 * 1024 - 1024, least, fmt)
+                assert kc % least == 0 and weight_mma.stage_bytes_for(m, kc, fmt) <= 99 * 1024 - 1024
+
+
+def staged_layout(fmt):
+    """X_T, X_Q, XS_PAD as the source defines them for ``fmt``."""
+    import re
+
+    src = weight_mma._source()
+    block = re.search(r"#if FP8\n#define STEP 64\n(.*?)#else\n#define STEP 128\n(.*?)#endif", src, re.S)
+    text = block.group(1 if fmt == "fp8" else 2)
+    values = dict(re.findall(r"#define (X_T|X_Q|XS_PAD) (\d+)", text))
+    assert set(values) == {"X_T", "X_Q", "XS_PAD"} and int(values["XS_PAD"]) == weight_mma.XS_PAD[fmt]
+    return int(values["X_T"]), int(values["X_Q"]), int(values["XS_PAD"])
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_fragment_loads_meet_no_bank_conflict(fmt):
+    """Each shared-memory load of B fragments (NVFP4: 16 bytes per thread, served a quarter warp at a time; FP8:
+    8 bytes, a half warp at a time) touches every bank at most once per address, for every M (rows past M - 1
+    read row M - 1), n8 tile, word q and staging width; the staging places each 8-group where they read it."""
+    x_t, x_q, pad = staged_layout(fmt)
+    width, lanes = (4, 8) if fmt == "nvfp4" else (2, 16)  # words per load, lanes served together
+    for kc, m, b, q in itertools.product((128, 512, 4096), range(1, 33), range(4), range(4)):
+        stride = kc // 2 + pad
+        for first in range(0, 32, lanes):
+            banks = {}
+            for lane in range(first, first + lanes):
+                g, t = lane >> 2, lane & 3
+                word = min(b * 8 + g, m - 1) * stride + t * x_t + q * x_q
+                assert word % width == 0
+                for w in range(word, word + width):
+                    banks.setdefault(w % 32, set()).add(w)
+            assert max(len(words) for words in banks.values()) == 1, (fmt, kc, m, b, q)
+    # the staging's placement of 8-group grp (the source's staged_word) is where thread t reads word q
+    per_step = 16 if fmt == "nvfp4" else 8
+    for grp in range(3 * per_step):
+        step, i = divmod(grp, per_step)
+        placed = grp * 4 if fmt == "fp8" else (grp & ~15) * 4 + (grp & 3) * x_q + ((grp >> 2) & 3) * x_t
+        if fmt == "nvfp4":  # group i of a step: k 8i..8i+7, thread t = i // 4's word q = i % 4
+            assert placed == step * 64 + (i // 4) * x_t + (i % 4) * x_q
+        else:  # group i: thread t = i // 2's words q = 2 (i % 2), 2 (i % 2) + 1
+            assert placed == step * 32 + (i // 2) * x_t + 2 * (i % 2) * x_q
+    assert "return (grp & ~15) * 4 + (grp & 3) * X_Q + ((grp >> 2) & 3) * X_T;" in weight_mma._source()
 
 
 def test_heuristic_configs_fit_every_prepack():

@@ -54,20 +54,23 @@ def rows_per_block(c: MMAConfig) -> int:
 STAGE_BYTES = 128 * 1024
 
 
-def stage_k(m: int, stage_bytes: int | None = None, least: int = 128) -> int:
+XS_PAD = {"nvfp4": 16, "fp8": 2}  # words per staged row beyond kc / 2 (the source's XS_PAD: no bank conflicts)
+
+
+def stage_bytes_for(m: int, kc: int, fmt: str = "nvfp4") -> int:
+    """Dynamic shared memory of a block staging ``kc`` k of ``m`` activation rows."""
+    return m * (kc // 2 + XS_PAD[fmt]) * 4
+
+
+def stage_k(m: int, stage_bytes: int | None = None, least: int = 128, fmt: str = "nvfp4") -> int:
     """k staged in shared memory per round: a power of two in [``least``, 4096] (``least``: a power of two, the k
     of one pass of the kernel's ring, which rounds must be whole passes of), at most ``STAGE_BYTES`` unless even
     ``least`` is more."""
     cap = stage_bytes or STAGE_BYTES
     kc = 4096
-    while kc > least and m * (kc // 2 + 4) * 4 > cap:
+    while kc > least and stage_bytes_for(m, kc, fmt) > cap:
         kc //= 2
     return kc
-
-
-def stage_bytes_for(m: int, kc: int) -> int:
-    """Dynamic shared memory of a block staging ``kc`` k of ``m`` activation rows."""
-    return m * (kc // 2 + 4) * 4
 
 
 def heuristic_config(n_rows: int, k_pad: int, m: int, sms: int, gated: bool, fmt: str = "nvfp4") -> MMAConfig:
@@ -162,9 +165,9 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
         raise ValueError("a float32 output (before the scale) is for plain prepacks without bias")
     if not 1 <= config.split_k <= k_pad // STEP_K[fmt]:
         raise ValueError(f"split-K {config.split_k} must be 1..{k_pad // STEP_K[fmt]} for K = {k_pad}")
-    kc = stage_k(m, stage_bytes, least=c.depth * STEP_K[fmt])  # the kernel stages at the start of a pass only
-    if stage_bytes_for(m, kc) > stage_bytes:
-        raise ValueError(f"depth {c.depth} needs {stage_bytes_for(m, kc)} bytes of shared memory for {m} rows, "
+    kc = stage_k(m, stage_bytes, c.depth * STEP_K[fmt], fmt)  # the kernel stages at the start of a pass only
+    if stage_bytes_for(m, kc, fmt) > stage_bytes:
+        raise ValueError(f"depth {c.depth} needs {stage_bytes_for(m, kc, fmt)} bytes of shared memory for {m} rows, "
                          f"more than the {stage_bytes} this GPU gives a block")
     defines = dict(EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth, BF16=int(x.dtype == torch.bfloat16),
@@ -185,7 +188,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
             out, partial, counters, m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4,
             block_scales.stride(0) // 2 if block_scales is not None else 0,
             x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc]
-    return Launch(defines, (grid_x, c.split_k, 1), c.warps * 32, stage_bytes_for(m, kc), args, out)
+    return Launch(defines, (grid_x, c.split_k, 1), c.warps * 32, stage_bytes_for(m, kc, fmt), args, out)
 
 
 def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None, gscale: torch.Tensor,

@@ -47,7 +47,7 @@
 // launch on sm_90: the block fills its ring of code words — weights, which no kernel writes — while the
 // previous kernel finishes, and waits for it (griddepcontrol.wait) before it reads the activations or writes
 // anything). The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
-// memory holds M * (kc / 2 + 4) words. Code words are loaded DEPTH steps ahead into a ring of registers,
+// memory holds M * (kc / 2 + XS_PAD) words. Code words are loaded DEPTH steps ahead into a ring of registers,
 // across staging rounds. The main loop runs whole passes over the ring (DEPTH steps, no per-step bounds or
 // staging checks, the refills at fixed offsets), then a last partial pass.
 
@@ -57,10 +57,21 @@ typedef unsigned short u16;
 #define ROWS_PER_WARP (MT * 16)
 #define ROWS_PER_BLOCK (WARPS * ROWS_PER_WARP)
 #define TILES (GATED ? 2 * MT : MT)
+// Staged activations (u32 words: two halves each). A thread's B fragments for word q of a step lie at
+// t * X_T + q * X_Q from its row's step start; rows are kc / 2 + XS_PAD words apart. Both are chosen so that a
+// warp's fragment loads meet no bank conflict: NVFP4 (16-byte loads, a quarter warp = rows g, g + 1 x t = 0..3)
+// puts the four t of a word side by side and rows 16 words (mod 32) apart; FP8 (8-byte loads, a half warp =
+// rows g..g + 3 x t) keeps t 8 words apart and makes the row stride's half odd (rows 8-byte aligned).
 #if FP8
 #define STEP 64
+#define X_T 8
+#define X_Q 2
+#define XS_PAD 2
 #else
 #define STEP 128
+#define X_T 4
+#define X_Q 16
+#define XS_PAD 16
 #endif
 
 // The PTX primitives: an f16x2 / bf16x2 multiply, the m16n8k16 mma, conversions, asynchronous copies. A host build of this file
@@ -102,10 +113,15 @@ __device__ __forceinline__ float act_to_float(u16 bits) {
 #endif
 }
 
-// 16 bytes global -> shared without registers (sm_80+ cp.async; zero-filled where !valid), and the wait for them.
+// 16 / 8 bytes global -> shared without registers (sm_80+ cp.async; zero-filled where !valid), and the wait.
 __device__ __forceinline__ void copy_16_bytes_async(u32* dst, const u16* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                  :: "r"((u32)__cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void copy_8_bytes_async(u32* dst, const u16* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
+                 :: "r"((u32)__cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 8 : 0) : "memory");
 }
 
 __device__ __forceinline__ void wait_async_copies() {
@@ -220,6 +236,45 @@ __device__ __forceinline__ uint4 permute_group(const uint4 w) {
 #endif
 }
 
+// Where 8-group grp of a staging round goes in its row (in words): FP8 in k order; NVFP4 with the group's two
+// 2-bit fields (t, q) of its step swapped, so that word q of the four threads t lies side by side (X_T, X_Q).
+__device__ __forceinline__ int staged_word(const int grp) {
+#if FP8
+    return grp * 4;
+#else
+    return (grp & ~15) * 4 + (grp & 3) * X_Q + ((grp >> 2) & 3) * X_T;
+#endif
+}
+
+// A staged 8-group as one 16-byte access (NVFP4: 16-byte aligned) or two 8-byte ones (FP8 rows are 8-byte
+// aligned); the copy from global memory likewise.
+__device__ __forceinline__ uint4 load_group(const u32* p) {
+#if FP8
+    const uint2 a = *reinterpret_cast<const uint2*>(p), b = *reinterpret_cast<const uint2*>(p + 2);
+    return make_uint4(a.x, a.y, b.x, b.y);
+#else
+    return *reinterpret_cast<const uint4*>(p);
+#endif
+}
+
+__device__ __forceinline__ void store_group(u32* p, const uint4 v) {
+#if FP8
+    *reinterpret_cast<uint2*>(p) = make_uint2(v.x, v.y);
+    *reinterpret_cast<uint2*>(p + 2) = make_uint2(v.z, v.w);
+#else
+    *reinterpret_cast<uint4*>(p) = v;
+#endif
+}
+
+__device__ __forceinline__ void copy_group_async(u32* dst, const u16* src, bool valid) {
+#if FP8
+    copy_8_bytes_async(dst, src, valid);
+    copy_8_bytes_async(dst + 2, valid ? src + 4 : src, valid);
+#else
+    copy_16_bytes_async(dst, src, valid);
+#endif
+}
+
 __device__ __forceinline__ u32 word_of(const uint4& w, int q) {
     return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
 }
@@ -230,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     float* __restrict__ partial, int* __restrict__ counters,
     int M, int K, int N_OUT, int up_offset, int rows_total, int stride_c4, int stride_s2, int stride_xm,
     int stride_om, int nsteps, int kc) {
-    const int xs_stride = kc / 2 + 4;  // u32 per staged row (+16 bytes against bank conflicts)
+    const int xs_stride = kc / 2 + XS_PAD;  // u32 per staged row
     const int round_steps = kc / STEP;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -310,13 +365,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
             for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
                 const int m = idx / groups, grp = idx - m * groups, k = s * STEP + grp * 8;
                 const u16* xr = x + (long long)m * stride_xm;
-                copy_16_bytes_async(xs + m * xs_stride + grp * 4, k < K ? xr + k : xr, k < K);
+                copy_group_async(xs + m * xs_stride + staged_word(grp), k < K ? xr + k : xr, k < K);
             }
             wait_async_copies();
             for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
                 const int m = idx / groups, grp = idx - m * groups;
-                uint4* p = reinterpret_cast<uint4*>(xs + m * xs_stride + grp * 4);
-                *p = permute_group(*p);
+                u32* p = xs + m * xs_stride + staged_word(grp);
+                store_group(p, permute_group(load_group(p)));
             }
         }
 #else
@@ -329,8 +384,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 for (int i = 0; i < 4; ++i)
                     w[i] = (k + 2 * i < K ? (u32)xr[k + 2 * i] : 0u)
                            | ((k + 2 * i + 1 < K ? (u32)xr[k + 2 * i + 1] : 0u) << 16);
-                *reinterpret_cast<uint4*>(xs + m * xs_stride + grp * 4) =
-                    permute_group(make_uint4(w[0], w[1], w[2], w[3]));
+                store_group(xs + m * xs_stride + staged_word(grp), permute_group(make_uint4(w[0], w[1], w[2], w[3])));
             }
         }
 #endif
@@ -342,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     // M - 1: their outputs are never stored), from its k slot.
     const u32* xrow[NT];
 #pragma unroll
-    for (int b = 0; b < NT; ++b) xrow[b] = xs + min(b * 8 + g, M - 1) * xs_stride + t * (STEP / 8);
+    for (int b = 0; b < NT; ++b) xrow[b] = xs + min(b * 8 + g, M - 1) * xs_stride + t * X_T;
 
     // Step d of the pass starting at s0 (x0: its staged activations, relative to xrow); then refill ring slot d.
     auto step = [&](const int s0, const int d, const int x0) {
@@ -352,7 +406,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         for (int q = 0; q < 4; ++q) {  // word q: one mma per row pair
             uint2 bx[NT];
 #pragma unroll
-            for (int b = 0; b < NT; ++b) bx[b] = *reinterpret_cast<const uint2*>(xrow[b] + xoff + q * 2);
+            for (int b = 0; b < NT; ++b) bx[b] = *reinterpret_cast<const uint2*>(xrow[b] + xoff + q * X_Q);
 #pragma unroll
             for (int a = 0; a < TILES; ++a) {
                 const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
@@ -367,7 +421,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         for (int q = 0; q < 4; ++q) {
             uint4 bx[NT];
 #pragma unroll
-            for (int b = 0; b < NT; ++b) bx[b] = *reinterpret_cast<const uint4*>(xrow[b] + xoff + q * 4);
+            for (int b = 0; b < NT; ++b) bx[b] = *reinterpret_cast<const uint4*>(xrow[b] + xoff + q * X_Q);
 #pragma unroll
             for (int a = 0; a < TILES; ++a) {
                 const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
