@@ -352,10 +352,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     // Staging rounds start at s_beg and are a multiple of DEPTH steps long (the launcher's kc), so a round only
     // ever starts at the first step of a pass over the ring.
     int round_beg = s_beg, round_end = s_beg;
-    // The activations of the kc-wide round from step s, as 8-groups permuted (permute_group). Rows 16-byte
-    // aligned with K % 8 == 0 (VEC_X; a group then lies wholly below K or wholly past it): every 16-byte group
-    // copied by cp.async at once (no registers held; a group past K is zero-filled), then each thread permutes
-    // its own groups in place. Else element by element.
+    // The activations of the kc-wide round from step s, as 8-groups permuted (permute_group) and placed
+    // (staged_word). Rows 16-byte aligned with K % 8 == 0 (VEC_X; a group then lies wholly below K or wholly
+    // past it): every group copied by cp.async at once (16 bytes, FP8 two 8-byte halves; no registers held; a
+    // group past K is zero-filled), then each thread permutes its own groups in place. Else element by element.
     auto stage = [&](const int s) {
         const int c1 = min(s + round_steps, s_end);
         const int groups = (c1 - s) * (STEP / 8), total = M * groups;
