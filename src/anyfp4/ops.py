@@ -261,10 +261,16 @@ def _warn_once(message: str) -> None:
         warnings.warn(f"anyfp4: {message}", stacklevel=3)
 
 
-def _fp8_cuda(x2: Tensor, w, bias: Optional[Tensor], unit, partial: bool, split_k: int) -> Tensor:
+def _fp8_unit_scale(w):
+    """The same FP8 prepack with row scales of 1: its products are the sums before the row scales."""
+    from .kernels.fp8_linear import FP8Prepacked
+
+    return FP8Prepacked(w.codes, torch.ones_like(w.scales), w.out_features, w.in_features, w.up_offset)
+
+
+def _fp8_cuda(x2: Tensor, w, bias: Optional[Tensor], partial: bool, split_k: int) -> Tensor:
     """The FP8 op on a GPU, x2 (M, K) contiguous -> (M, N): the CUDA kernel at M <= 32 (or, with
-    ``ANYFP4_PREFILL=chunked``, 32 rows at a time), else the Triton GEMV at M = 1 or dequantize + cuBLAS;
-    ``unit``: ``w`` with unit row scales (a partial's prefill)."""
+    ``ANYFP4_PREFILL=chunked``, 32 rows at a time), else the Triton GEMV at M = 1 or dequantize + cuBLAS."""
     from .env import prefill_mode
     from .kernels import weight_mma
     from .kernels.fp8_linear import fp8_gemv, fp8_matmul
@@ -289,7 +295,7 @@ def _fp8_cuda(x2: Tensor, w, bias: Optional[Tensor], unit, partial: bool, split_
     if m == 1:
         y = fp8_gemv(x2, w, bias)
         return y.float() / w.scales[: w.out_features] if partial else y  # the Triton GEMV scales and rounds first
-    return fp8_matmul(x2, unit, bias, out_dtype)
+    return fp8_matmul(x2, _fp8_unit_scale(w) if partial else w, bias, out_dtype)
 
 
 def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_k: int = 0,
@@ -297,20 +303,18 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_
     """``partial``: float32, before the row scales, not rounded (a row-parallel rank's share); ``input_scale``: the
     static activation scale the opt-in W8A8 prefill quantizes with."""
     from .formats.fp8 import dequantize_fp8
-    from .kernels.fp8_linear import FP8Prepacked, unprepack_fp8
+    from .kernels.fp8_linear import unprepack_fp8
 
     x2 = x.reshape(-1, w.in_features)
     if not partial and _w8a8_applies(x, x2.shape[0], input_scale):
         from .kernels.fp8_w8a8 import w8a8_matmul
 
         return w8a8_matmul(x2.contiguous(), w, bias, input_scale).reshape(*x.shape[:-1], w.out_features)
-    unit = (FP8Prepacked(w.codes, torch.ones_like(w.scales), w.out_features, w.in_features, w.up_offset)
-            if partial else w)
     if x.is_cuda:
-        return _fp8_cuda(x2.contiguous(), w, bias, unit, partial, split_k).reshape(*x.shape[:-1], w.out_features)
+        return _fp8_cuda(x2.contiguous(), w, bias, partial, split_k).reshape(*x.shape[:-1], w.out_features)
     xf = x2.float()
     if partial:
-        return (xf @ dequantize_fp8(unprepack_fp8(unit)).t()).reshape(*x.shape[:-1], w.out_features)
+        return (xf @ dequantize_fp8(unprepack_fp8(_fp8_unit_scale(w))).t()).reshape(*x.shape[:-1], w.out_features)
     if w.gated:
         y = torch.nn.functional.silu(xf @ dequantize_fp8(unprepack_fp8(w)).t()) * (
             xf @ dequantize_fp8(unprepack_fp8(w, w.up_offset)).t())
