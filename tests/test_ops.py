@@ -27,7 +27,10 @@ def reference(x, w, bias=None):
     return y + bias.float() if bias is not None else y
 
 
-def test_cpu_op_is_the_reference():
+def test_cpu_op_is_the_reference(monkeypatch):
+    """With ``ANYFP4_CPU_KERNELS=reference`` the CPU op is the reference bit for bit (the C kernels are checked
+    against it in tests/kernels/test_cpu_linear.py)."""
+    monkeypatch.setenv("ANYFP4_CPU_KERNELS", "reference")
     w = random_weight(48, 64, 0)
     p = prepack_nvfp4(w)
     x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
@@ -167,9 +170,10 @@ def test_fp8_cuda_paths(dtype):
         assert ((y.float() - ref).norm() / ref.norm()).item() < 8e-3
 
 
-def test_partial_ops_are_the_unrounded_reference_cpu():
+def test_partial_ops_are_the_unrounded_reference_cpu(monkeypatch):
     """nvfp4_linear_partial / fp8_linear_partial: the float32 product before the global / row scale and before
-    rounding to x's dtype."""
+    rounding to x's dtype (the reference path; the C kernels' partial sums: tests/kernels/test_cpu_linear.py)."""
+    monkeypatch.setenv("ANYFP4_CPU_KERNELS", "reference")
     from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
     from anyfp4.kernels.fp8_linear import prepack_fp8
 

@@ -117,6 +117,27 @@ def _reference(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], partial: bo
     return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
 
 
+def _cpu(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], partial: bool = False) -> Tensor:
+    """The op on the CPU: the C kernels (``kernels.cpu_linear``) where they build, else ``_reference``."""
+    from .kernels.cpu_linear import library, nvfp4_rows
+
+    lib = library()
+    if lib is None:
+        return _reference(x, w, bias, partial)
+    x2 = x.reshape(-1, w.in_features)
+    if partial:
+        return nvfp4_rows(lib, x2, w, (0,), None).reshape(*x.shape[:-1], w.out_features)
+    g = float(w.global_scale)
+    if w.gated:
+        gate, up = nvfp4_rows(lib, x2, w, (0, w.up_offset), g).split(w.out_features, dim=1)
+        y = torch.nn.functional.silu(gate) * up
+    else:
+        y = nvfp4_rows(lib, x2, w, (0,), g)
+        if bias is not None:
+            y = y + bias.float()
+    return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
+
+
 def _in_row_chunks(x2: Tensor, run) -> Tensor:
     """``run`` on at most 32 rows at a time (the decode kernels' rows do not depend on the call's other rows)."""
     return torch.cat([run(x2[i:i + 32]) for i in range(0, x2.shape[0], 32)])
@@ -175,7 +196,7 @@ def nvfp4_linear(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor,
     _check(x, codes, scales, global_scale, out_features, in_features, 0, "nvfp4_linear")
     _check_bias(bias, x, out_features, "nvfp4_linear")
     w = _as_prepacked(codes, scales, global_scale, 0, out_features, in_features)
-    return _cuda(x, w, bias, split_k=split_k) if x.is_cuda else _reference(x, w, bias)
+    return _cuda(x, w, bias, split_k=split_k) if x.is_cuda else _cpu(x, w, bias)
 
 
 @nvfp4_linear.register_fake
@@ -190,7 +211,7 @@ def nvfp4_gated(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, 
         raise ValueError("nvfp4_gated: up_offset must be positive (use prepack_nvfp4_gated)")
     _check(x, codes, scales, global_scale, out_features, in_features, up_offset, "nvfp4_gated")
     w = _as_prepacked(codes, scales, global_scale, up_offset, out_features, in_features)
-    return _cuda(x, w, None, split_k=split_k) if x.is_cuda else _reference(x, w, None)
+    return _cuda(x, w, None, split_k=split_k) if x.is_cuda else _cpu(x, w, None)
 
 
 @nvfp4_gated.register_fake
@@ -205,7 +226,7 @@ def nvfp4_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, global_scale:
     add, then scale and round once (on sm_80+ and in prefill; the sm_70/75 decode kernels round first)."""
     _check(x, codes, scales, global_scale, out_features, in_features, 0, "nvfp4_linear_partial")
     w = _as_prepacked(codes, scales, global_scale, 0, out_features, in_features)
-    return _cuda(x, w, None, partial=True, split_k=split_k) if x.is_cuda else _reference(x, w, None, partial=True)
+    return _cuda(x, w, None, partial=True, split_k=split_k) if x.is_cuda else _cpu(x, w, None, partial=True)
 
 
 @nvfp4_linear_partial.register_fake
@@ -312,6 +333,20 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_
         return w8a8_matmul(x2.contiguous(), w, bias, input_scale).reshape(*x.shape[:-1], w.out_features)
     if x.is_cuda:
         return _fp8_cuda(x2.contiguous(), w, bias, partial, split_k).reshape(*x.shape[:-1], w.out_features)
+    from .kernels.cpu_linear import fp8_rows, library
+
+    lib = library()
+    if lib is not None:
+        if partial:
+            return fp8_rows(lib, x2, w, (0,), False).reshape(*x.shape[:-1], w.out_features)
+        if w.gated:
+            gate, up = fp8_rows(lib, x2, w, (0, w.up_offset), True).split(w.out_features, dim=1)
+            y = torch.nn.functional.silu(gate) * up
+        else:
+            y = fp8_rows(lib, x2, w, (0,), True)
+            if bias is not None:
+                y = y + bias.float()
+        return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
     xf = x2.float()
     if partial:
         return (xf @ dequantize_fp8(unprepack_fp8(_fp8_unit_scale(w))).t()).reshape(*x.shape[:-1], w.out_features)

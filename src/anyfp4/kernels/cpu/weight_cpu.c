@@ -1,0 +1,270 @@
+/* Weight-only NVFP4 / FP8 linears on the CPU, reading the GPU prepack as it is (no untiling per call).
+
+   Built at first use by the system C compiler (kernels/cpu_linear.py), which passes the layout as defines
+   taken from the prepack modules, the one owner of the layout:
+     TILE_ROWS, TILE_WORDS     a storage tile: TILE_ROWS rows x TILE_WORDS int32 words, row-major inside
+     NVFP4_CODE_i(w)           for i = 0..7: code i of word w (magnitude bits 0..2, sign at bit 3)
+     FP8_MAGNITUDE_i(w)        for i = 0..3: the 7 magnitude bits of E4M3 value i of word w
+     FP8_SIGN_i(w)             its sign, at bit 0
+   each an expression of SRL (shift right), SHL, AND and OR, written from the prepack's bit tables.
+   and the tiles' strides come in as arguments (computed by the prepack's own offset functions).
+
+   Activations come permuted (x_perm, float32): for tile t, field i (code or byte i of a word) and lane j
+   (word j of the tile row), x_perm[((m * tiles + t) * FIELDS + i) * TILE_WORDS + j] is x[m, k] for the k of
+   field i of word j, zero past K. So every lane of a vector works on its own word and one field at a time.
+
+   Every output row is one fixed sequence of float32 operations: lane j accumulates its words' products over
+   the tiles in k order, then the TILE_WORDS lanes are added by halving. Nothing depends on how many rows of x
+   share the call or how the output rows are split between threads, so a row's bits do not depend on M. */
+
+#include <stdint.h>
+#include <string.h>
+
+#ifndef TILE_ROWS
+#error "TILE_ROWS, TILE_WORDS, NVFP4_CODE_i and FP8_MAGNITUDE_i / FP8_SIGN_i come from kernels/cpu_linear.py"
+#endif
+
+static inline float as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t as_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* E2M1 magnitudes times 2^117; a prepacked scale byte shifted into a float's exponent field is bs * 2^-117
+   (kernels/nvfp4_prepack.py), so their product is e2m1 * bs exactly. */
+#define P117 1.6615349947311448e+35f
+static const float e2m1_x2p117[8] = {0.0f, 0.5f * P117, 1.0f * P117, 1.5f * P117,
+                                     2.0f * P117, 3.0f * P117, 4.0f * P117, 6.0f * P117};
+
+static inline float halving_sum(const float *v) {
+    float a[TILE_WORDS];
+    for (int j = 0; j < TILE_WORDS; j++) a[j] = v[j];
+    for (int h = TILE_WORDS / 2; h > 0; h /= 2)
+        for (int j = 0; j < h; j++) a[j] += a[j + h];
+    return a[0];
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && TILE_WORDS == 16 && \
+    !defined(WEIGHT_CPU_PORTABLE)
+#include <immintrin.h>
+#define SRL(w, s) _mm512_srli_epi32(w, s)
+#define SHL(w, s) _mm512_slli_epi32(w, s)
+#define AND(w, m) _mm512_and_si512(w, _mm512_set1_epi32(m))
+#define OR(a, b) _mm512_or_si512(a, b)
+
+/* one field of every word of a tile row: decode, then a product per row of x */
+#define NVFP4_STEP(i)                                                                                           \
+            {                                                                                               \
+                const __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(NVFP4_CODE_##i(w), table), bs);        \
+                for (int m = 0; m < mb; m++)                                                                \
+                    acc[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * tiles * 8 + i) * TILE_WORDS), acc[m]);\
+            }
+
+#define NVFP4_ROWS(MB)                                                                                          \
+static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const float *x_perm,              \
+                            const int64_t *scale_inside, int64_t tiles, int64_t word_rowblock,               \
+                            int64_t word_row, int64_t word_tile, int64_t scale_rowblock, int64_t scale_tile, \
+                            int64_t n0, int64_t n1, int64_t m0, float out_scale, float *y, int64_t ldy) {    \
+    const int mb = MB;                                                                                      \
+    float values[16];                                                                                       \
+    for (int c = 0; c < 16; c++) values[c] = (c & 8 ? -1.0f : 1.0f) * e2m1_x2p117[c & 7];                    \
+    const __m512 table = _mm512_loadu_ps(values);                                                           \
+    for (int64_t n = n0; n < n1; n++) {                                                                     \
+        __m512 acc[MB];                                                                                     \
+        for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();                                          \
+        const int64_t r = n % TILE_ROWS;                                                                    \
+        const uint32_t *wrow = codes + (n / TILE_ROWS) * word_rowblock + r * word_row;                       \
+        const uint8_t *srow = scales + (n / TILE_ROWS) * scale_rowblock;                                     \
+        /* lane j takes the scale of block j / 2: the row's 8 scale bytes, each twice */                    \
+        int32_t lane_offset[16];                                                                            \
+        for (int j = 0; j < 16; j++) lane_offset[j] = (int32_t)scale_inside[r * 8 + j / 2];                  \
+        const __m512i scale_index = _mm512_loadu_si512(lane_offset);                                        \
+        for (int64_t t = 0; t < tiles; t++) {                                                               \
+            const __m512i w = _mm512_loadu_si512(wrow + t * word_tile);                                     \
+            const __m512i sb = _mm512_and_si512(                                                            \
+                _mm512_i32gather_epi32(scale_index, (const void *)(srow + t * scale_tile), 1),              \
+                _mm512_set1_epi32(0xFF));                                                                   \
+            const __m512 bs = _mm512_castsi512_ps(_mm512_slli_epi32(sb, 20));                               \
+            const float *xp = x_perm + ((m0 * tiles + t) * 8) * TILE_WORDS;                                  \
+            NVFP4_STEP(0) NVFP4_STEP(1) NVFP4_STEP(2) NVFP4_STEP(3)                                         \
+            NVFP4_STEP(4) NVFP4_STEP(5) NVFP4_STEP(6) NVFP4_STEP(7)                                         \
+        }                                                                                                   \
+        for (int m = 0; m < MB; m++) {                                                                      \
+            float lanes[16];                                                                                \
+            _mm512_storeu_ps(lanes, acc[m]);                                                                \
+            y[(m0 + m) * ldy + n] = out_scale * halving_sum(lanes);                                         \
+        }                                                                                                   \
+    }                                                                                                       \
+}
+NVFP4_ROWS(1)
+NVFP4_ROWS(2)
+NVFP4_ROWS(4)
+NVFP4_ROWS(8)
+
+/* FP8: a value's 7 magnitude bits at fp16 bits 7-13 and its sign at 15 are e4m3 * 2^-8 as an fp16 (subnormals
+   included), widened exactly to float32; the row scale times 2^8 comes at the end. */
+#define FP8_STEP(i)                                                                                             \
+            {                                                                                               \
+                const __m512i half = OR(SHL(FP8_MAGNITUDE_##i(w), 7), SHL(FP8_SIGN_##i(w), 15));            \
+                const __m512 v = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(half));                              \
+                for (int m = 0; m < mb; m++)                                                                \
+                    acc[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * tiles * 4 + i) * TILE_WORDS), acc[m]);\
+            }
+
+#define FP8_ROWS(MB)                                                                                            \
+static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const float *x_perm, int64_t tiles, \
+                          int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t n0, int64_t n1, \
+                          int64_t m0, float *y, int64_t ldy) {                                                \
+    const int mb = MB;                                                                                      \
+    for (int64_t n = n0; n < n1; n++) {                                                                     \
+        __m512 acc[MB];                                                                                     \
+        for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();                                          \
+        const uint32_t *wrow = codes + (n / TILE_ROWS) * word_rowblock + (n % TILE_ROWS) * word_row;         \
+        for (int64_t t = 0; t < tiles; t++) {                                                               \
+            const __m512i w = _mm512_loadu_si512(wrow + t * word_tile);                                     \
+            const float *xp = x_perm + ((m0 * tiles + t) * 4) * TILE_WORDS;                                  \
+            FP8_STEP(0) FP8_STEP(1) FP8_STEP(2) FP8_STEP(3)                                                 \
+        }                                                                                                   \
+        const float scale = (row_scale ? row_scale[n] : 1.0f) * 256.0f;                                     \
+        for (int m = 0; m < MB; m++) {                                                                      \
+            float lanes[16];                                                                                \
+            _mm512_storeu_ps(lanes, acc[m]);                                                                \
+            y[(m0 + m) * ldy + n] = scale * halving_sum(lanes);                                             \
+        }                                                                                                   \
+    }                                                                                                       \
+}
+FP8_ROWS(1)
+FP8_ROWS(2)
+FP8_ROWS(4)
+FP8_ROWS(8)
+
+#else  /* portable C: the same operations in the same order, one lane at a time */
+#define SRL(w, s) ((w) >> (s))
+#define SHL(w, s) ((w) << (s))
+#define AND(w, m) ((w) & (uint32_t)(m))
+#define OR(a, b) ((a) | (b))
+static inline uint32_t nvfp4_code(uint32_t w, int i) {
+    switch (i) {
+    case 0: return NVFP4_CODE_0(w); case 1: return NVFP4_CODE_1(w); case 2: return NVFP4_CODE_2(w);
+    case 3: return NVFP4_CODE_3(w); case 4: return NVFP4_CODE_4(w); case 5: return NVFP4_CODE_5(w);
+    case 6: return NVFP4_CODE_6(w); default: return NVFP4_CODE_7(w);
+    }
+}
+static inline uint32_t fp8_magnitude(uint32_t w, int i) {
+    switch (i) {
+    case 0: return FP8_MAGNITUDE_0(w); case 1: return FP8_MAGNITUDE_1(w); case 2: return FP8_MAGNITUDE_2(w);
+    default: return FP8_MAGNITUDE_3(w);
+    }
+}
+static inline uint32_t fp8_sign(uint32_t w, int i) {
+    switch (i) {
+    case 0: return FP8_SIGN_0(w); case 1: return FP8_SIGN_1(w); case 2: return FP8_SIGN_2(w);
+    default: return FP8_SIGN_3(w);
+    }
+}
+/* NVFP4: y[m, n] = out_scale * sum_k x[m, k] * e2m1 * bs for rows n in [n0, n1) of the prepack, x rows
+   [0, rows) with rows <= MB (the decoded tile is shared by the MB rows of x). */
+#define NVFP4_ROWS(MB)                                                                                          \
+static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const float *x_perm,              \
+                            const int64_t *scale_inside, int64_t tiles, int64_t word_rowblock,               \
+                            int64_t word_row, int64_t word_tile, int64_t scale_rowblock, int64_t scale_tile, \
+                            int64_t n0, int64_t n1, int64_t m0, float out_scale, float *y, int64_t ldy) {    \
+    for (int64_t n = n0; n < n1; n++) {                                                                     \
+        float acc[MB][TILE_WORDS];                                                                          \
+        memset(acc, 0, sizeof acc);                                                                         \
+        const int64_t r = n % TILE_ROWS;                                                                    \
+        const uint32_t *wrow = codes + (n / TILE_ROWS) * word_rowblock + r * word_row;                       \
+        const uint8_t *srow = scales + (n / TILE_ROWS) * scale_rowblock;                                     \
+        for (int64_t t = 0; t < tiles; t++) {                                                               \
+            const uint32_t *w = wrow + t * word_tile;                                                       \
+            const uint8_t *s = srow + t * scale_tile;                                                       \
+            float bs[TILE_WORDS];                                                                           \
+            for (int j = 0; j < TILE_WORDS; j++)                                                            \
+                bs[j] = as_float((uint32_t)s[scale_inside[r * (TILE_WORDS / 2) + j / 2]] << 20);            \
+            for (int i = 0; i < 8; i++) {                                                                   \
+                float v[TILE_WORDS];                                                                        \
+                for (int j = 0; j < TILE_WORDS; j++) {                                                      \
+                    uint32_t c = nvfp4_code(w[j], i);                                                       \
+                    v[j] = as_float(as_bits(e2m1_x2p117[c & 7]) | (c >> 3) << 31) * bs[j];                 \
+                }                                                                                           \
+                for (int m = 0; m < MB; m++) {                                                              \
+                    const float *xp = x_perm + (((m0 + m) * tiles + t) * 8 + i) * TILE_WORDS;               \
+                    for (int j = 0; j < TILE_WORDS; j++) acc[m][j] += v[j] * xp[j];                         \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int m = 0; m < MB; m++) y[(m0 + m) * ldy + n] = out_scale * halving_sum(acc[m]);               \
+    }                                                                                                       \
+}
+NVFP4_ROWS(1)
+NVFP4_ROWS(2)
+NVFP4_ROWS(4)
+NVFP4_ROWS(8)
+
+/* E4M3 byte (sign removed) -> float: the 7 bits in a float's exponent/mantissa, rebiased by 120 (2^-7 * (1 +
+   m / 8) for a zero exponent field, corrected to the subnormal m * 2^-9: exact, and no float subnormals). */
+static inline float e4m3_magnitude(uint32_t mag7) {
+    float f = as_float((mag7 << 20) + (120u << 23));
+    return (mag7 >> 3) ? f : (f - 0.0078125f) * 2.0f;
+}
+
+/* FP8: y[m, n] = row_scale[n] * sum_k x[m, k] * e4m3 (row_scale, not out_scale: per output row). */
+#define FP8_ROWS(MB)                                                                                            \
+static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const float *x_perm, int64_t tiles, \
+                          int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t n0, int64_t n1, \
+                          int64_t m0, float *y, int64_t ldy) {                                                \
+    for (int64_t n = n0; n < n1; n++) {                                                                     \
+        float acc[MB][TILE_WORDS];                                                                          \
+        memset(acc, 0, sizeof acc);                                                                         \
+        const uint32_t *wrow = codes + (n / TILE_ROWS) * word_rowblock + (n % TILE_ROWS) * word_row;         \
+        for (int64_t t = 0; t < tiles; t++) {                                                               \
+            const uint32_t *w = wrow + t * word_tile;                                                       \
+            for (int i = 0; i < 4; i++) {                                                                   \
+                float v[TILE_WORDS];                                                                        \
+                for (int j = 0; j < TILE_WORDS; j++) {                                                      \
+                    v[j] = as_float(as_bits(e4m3_magnitude(fp8_magnitude(w[j], i))) | fp8_sign(w[j], i) << 31);\
+                }                                                                                           \
+                for (int m = 0; m < MB; m++) {                                                              \
+                    const float *xp = x_perm + (((m0 + m) * tiles + t) * 4 + i) * TILE_WORDS;               \
+                    for (int j = 0; j < TILE_WORDS; j++) acc[m][j] += v[j] * xp[j];                         \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+        const float scale = row_scale ? row_scale[n] : 1.0f;                                                \
+        for (int m = 0; m < MB; m++) y[(m0 + m) * ldy + n] = scale * halving_sum(acc[m]);                   \
+    }                                                                                                       \
+}
+FP8_ROWS(1)
+FP8_ROWS(2)
+FP8_ROWS(4)
+FP8_ROWS(8)
+
+#endif
+
+/* Entry points: output rows [n0, n1) (the caller's threads take disjoint ranges) and all `rows` rows of x. A
+   row block of the weight (TILE_ROWS rows) is decoded for 8, 4, 2, then 1 rows of x at a time while it is in
+   cache. y is (rows, ldy) float32; column n of it gets weight row n. */
+void nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const float *x_perm, int64_t rows,
+                       const int64_t *scale_inside, int64_t tiles, int64_t word_rowblock, int64_t word_row,
+                       int64_t word_tile, int64_t scale_rowblock, int64_t scale_tile, int64_t n0, int64_t n1,
+                       float out_scale, float *y, int64_t ldy) {
+    for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
+        const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
+        int64_t m = 0;
+#define NVFP4_CHUNK(MB)                                                                                         \
+        for (; rows - m >= MB; m += MB)                                                                     \
+            nvfp4_rows_##MB(codes, scales, x_perm, scale_inside, tiles, word_rowblock, word_row, word_tile,  \
+                            scale_rowblock, scale_tile, b0, b1, m, out_scale, y, ldy);
+        NVFP4_CHUNK(8) NVFP4_CHUNK(4) NVFP4_CHUNK(2) NVFP4_CHUNK(1)
+    }
+}
+
+void fp8_linear_rows(const uint32_t *codes, const float *row_scale, const float *x_perm, int64_t rows,
+                     int64_t tiles, int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t n0,
+                     int64_t n1, float *y, int64_t ldy) {
+    for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
+        const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
+        int64_t m = 0;
+#define FP8_CHUNK(MB)                                                                                           \
+        for (; rows - m >= MB; m += MB)                                                                     \
+            fp8_rows_##MB(codes, row_scale, x_perm, tiles, word_rowblock, word_row, word_tile, b0, b1, m, y, ldy);
+        FP8_CHUNK(8) FP8_CHUNK(4) FP8_CHUNK(2) FP8_CHUNK(1)
+    }
+}
