@@ -80,6 +80,38 @@ def test_bad_arguments_are_clear(bad, message):
         torch.ops.anyfp4.nvfp4_linear(*bad(x, args(p)))
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+@pytest.mark.parametrize("call, message", [
+    (lambda op, x, c, s, *g: op.linear(x, c, s, *g, -1, 64), "must be positive, got -1, 64"),
+    (lambda op, x, c, s, *g: op.linear(x, c, s, *g, 200, 64), r"codes \(128, \d+\) are not a prepack of out_features = 200|prepack covering 200 x 64"),
+    (lambda op, x, c, s, *g: op.linear(x, c, s, *g, 48, 320), "not a prepack of in_features = 320|x has 64 features"),
+    (lambda op, x, c, s, *g: op.gated(x, c, s, *g, 1, 48, 64), "up_offset must be 128 for out_features = 48"),
+    (lambda op, x, c, s, *g: op.linear(x, c.to("meta"), s.to("meta"), *g, 48, 64), "must be on one device"),
+])
+def test_prepack_geometry_and_devices_are_checked(fmt, call, message):
+    """Arguments that disagree with the prepack (out_features past its rows, a wrong up_offset, weights on meta)
+    are refused instead of returning padding columns, wrong rows or uninitialised memory."""
+    from types import SimpleNamespace
+
+    from anyfp4.formats.fp8 import quantize_fp8
+    from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
+
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    if fmt == "nvfp4":
+        w = random_weight(48, 64, 30)
+        p, pg = prepack_nvfp4(w), prepack_nvfp4_gated(w, w)
+        ops = SimpleNamespace(linear=lambda x, c, s, n, k: torch.ops.anyfp4.nvfp4_linear(x, c, s, p.global_scale, None, n, k),
+                              gated=lambda x, c, s, u, n, k: torch.ops.anyfp4.nvfp4_gated(x, pg.codes, pg.scales,
+                                                                                           pg.global_scale, u, n, k))
+    else:
+        w = quantize_fp8(torch.randn(48, 64))
+        p, pg = prepack_fp8(w), prepack_fp8_gated(w, w)
+        ops = SimpleNamespace(linear=lambda x, c, s, n, k: torch.ops.anyfp4.fp8_linear(x, c, s, None, n, k),
+                              gated=lambda x, c, s, u, n, k: torch.ops.anyfp4.fp8_gated(x, pg.codes, pg.scales, u, n, k))
+    with pytest.raises(ValueError, match=message):
+        call(ops, x, p.codes, p.scales)
+
+
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_dispatch_decode_and_prefill(dtype):

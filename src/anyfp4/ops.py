@@ -81,12 +81,33 @@ def _check_bias(bias: Optional[Tensor], x: Tensor, out_features: int, name: str)
         raise TypeError(f"{name}: bias must be {x.dtype} on {x.device} like x, got {bias.dtype} on {bias.device}")
 
 
+def _check_geometry(codes: Tensor, k_per_word: int, out_features: int, in_features: int, up_offset: int,
+                    name: str) -> None:
+    """``out_features`` / ``in_features`` / ``up_offset`` are the ones the prepack was made for: a prepack of N x K
+    holds exactly round_up(N, ROW_ALIGN) rows (twice that, gated, up from ``up_offset``) and round_up(K, K_ALIGN)
+    columns, so no output column can fall into the padding."""
+    from .kernels.nvfp4_prepack import K_ALIGN, ROW_ALIGN
+
+    if out_features <= 0 or in_features <= 0:
+        raise ValueError(f"{name}: out_features and in_features must be positive, got {out_features}, {in_features}")
+    if codes.dim() != 2 or codes.shape[1] * k_per_word != -(-in_features // K_ALIGN) * K_ALIGN:
+        raise ValueError(f"{name}: codes {tuple(codes.shape)} are not a prepack of in_features = {in_features}")
+    half = -(-out_features // ROW_ALIGN) * ROW_ALIGN
+    if up_offset and up_offset != half:
+        raise ValueError(f"{name}: up_offset must be {half} for out_features = {out_features} (the gate half padded "
+                         f"to {ROW_ALIGN} rows), got {up_offset}")
+    if codes.shape[0] != (2 * half if up_offset else half):
+        raise ValueError(f"{name}: codes {tuple(codes.shape)} are not a{' gated' if up_offset else ''} prepack of "
+                         f"out_features = {out_features}")
+
+
 def _check(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_features: int, in_features: int,
            up_offset: int, name: str) -> None:
     _check_activations(x, in_features, name, codes, scales, global_scale)
     if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] * 8 < in_features:
         raise ValueError(f"{name}: codes must be a 2-D int32 prepack covering K = {in_features}, got "
                          f"{codes.dtype} {tuple(codes.shape)}")
+    _check_geometry(codes, 8, out_features, in_features, up_offset, name)
     rows = up_offset + out_features if up_offset else out_features
     if codes.shape[0] < rows or scales.dtype != torch.uint8 or scales.shape != (codes.shape[0], codes.shape[1] // 2):
         raise ValueError(f"{name}: scales {scales.dtype} {tuple(scales.shape)} do not match codes {tuple(codes.shape)}")
@@ -199,8 +220,17 @@ def nvfp4_linear(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor,
     return _cuda(x, w, bias, split_k=split_k) if x.is_cuda else _cpu(x, w, bias)
 
 
+def _check_fake_devices(name: str, x: Tensor, *tensors: Optional[Tensor]) -> None:
+    """The fake (meta) implementations run whenever one input is on ``meta``: refuse a mix of devices there too,
+    so weights left on ``meta`` never give an output of uninitialised memory."""
+    if any(t is not None and t.device != x.device for t in tensors):
+        raise ValueError(f"{name}: x and the weight tensors must be on one device, got "
+                         f"{sorted({str(t.device) for t in (x, *tensors) if t is not None})}")
+
+
 @nvfp4_linear.register_fake
 def _(x, codes, scales, global_scale, bias, out_features, in_features, split_k=0):
+    _check_fake_devices("nvfp4_linear", x, codes, scales, global_scale, bias)
     return x.new_empty(*x.shape[:-1], out_features)
 
 
@@ -216,6 +246,7 @@ def nvfp4_gated(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, 
 
 @nvfp4_gated.register_fake
 def _(x, codes, scales, global_scale, up_offset, out_features, in_features, split_k=0):
+    _check_fake_devices("nvfp4_gated", x, codes, scales, global_scale)
     return x.new_empty(*x.shape[:-1], out_features)
 
 
@@ -231,6 +262,7 @@ def nvfp4_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, global_scale:
 
 @nvfp4_linear_partial.register_fake
 def _(x, codes, scales, global_scale, out_features, in_features, split_k=0):
+    _check_fake_devices("nvfp4_linear_partial", x, codes, scales, global_scale)
     return x.new_empty(*x.shape[:-1], out_features, dtype=torch.float32)
 
 
@@ -251,6 +283,7 @@ def _check_fp8(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_f
                          f"{codes.dtype} {tuple(codes.shape)}")
     if scales.dtype != torch.float32 or scales.shape != (codes.shape[0],):
         raise ValueError(f"{name}: scales must be float32 ({codes.shape[0]},), got {scales.dtype} {tuple(scales.shape)}")
+    _check_geometry(codes, 4, out_features, in_features, up_offset, name)
 
 
 def _w8a8_applies(x: Tensor, m: int, input_scale: Optional[Tensor]) -> bool:
@@ -374,6 +407,7 @@ def fp8_linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Optional[Tensor],
 
 @fp8_linear.register_fake
 def _(x, codes, scales, bias, out_features, in_features, split_k=0, input_scale=None):
+    _check_fake_devices("fp8_linear", x, codes, scales, bias, input_scale)
     return x.new_empty(*x.shape[:-1], out_features)
 
 
@@ -396,6 +430,7 @@ def fp8_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, out_features: i
 
 @fp8_linear_partial.register_fake
 def _(x, codes, scales, out_features, in_features, split_k=0):
+    _check_fake_devices("fp8_linear_partial", x, codes, scales)
     return x.new_empty(*x.shape[:-1], out_features, dtype=torch.float32)
 
 
@@ -414,6 +449,7 @@ def fp8_gated(x: Tensor, codes: Tensor, scales: Tensor, up_offset: int, out_feat
 
 @fp8_gated.register_fake
 def _(x, codes, scales, up_offset, out_features, in_features, split_k=0, input_scale=None):
+    _check_fake_devices("fp8_gated", x, codes, scales, input_scale)
     return x.new_empty(*x.shape[:-1], out_features)
 
 
