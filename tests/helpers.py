@@ -102,3 +102,84 @@ def to_compressed_tensors(modelopt_dir: Path, out: Path) -> Path:
         "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
             "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}}}}))
     return out
+
+
+def pause_at(step: str, nth: int, control: Path):
+    """A ``replace.reached`` hook that stops the process the ``nth`` time it reaches ``step``: it creates
+    ``control/ready`` and waits (interruptibly) until ``control/go`` exists."""
+    import time
+
+    seen = 0
+
+    def hook(name: str) -> None:
+        nonlocal seen
+        if name == step:
+            seen += 1
+            if seen == nth:
+                (control / "ready").touch()
+                while not (control / "go").exists():
+                    time.sleep(0.002)
+
+    return hook
+
+
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every file (its bytes) and directory (None) under ``root``, by relative path: equal snapshots mean
+    that nothing under ``root`` was created, deleted or changed."""
+    tree: dict[str, bytes | None] = {}
+    for path in sorted(root.rglob("*")):
+        tree[str(path.relative_to(root))] = None if path.is_dir() else path.read_bytes()
+    return tree
+
+
+class ForkedCli:
+    """``anyfp4 ARGV`` in a forked child process: it reuses this process's imports, so it starts in
+    milliseconds, and it can be killed like any command. ``prepare()`` runs in the child first."""
+
+    def __init__(self, argv: list[str], stderr: Path, prepare=None):
+        import os
+        import sys
+
+        self.stderr = stderr
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into the test
+            code = 99
+            try:
+                sys.stderr = open(stderr, "w", buffering=1)
+                torch.set_num_threads(1)  # a forked OpenMP pool would hang
+                if prepare is not None:
+                    prepare()
+                from anyfp4 import cli
+
+                code = cli.main(argv)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        import os
+
+        if self.code is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+    def wait(self, timeout: float = 60) -> int:
+        import os
+        import signal
+        import time
+
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                raise TimeoutError(f"anyfp4 did not end within {timeout} s")
+            time.sleep(0.005)
+        return self.code

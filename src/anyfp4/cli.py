@@ -10,17 +10,28 @@ from pathlib import Path
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
-    from .checkpoint.writer import DEFAULT_EXCLUDE, QuantizeOptions, TargetFormat, quantize_checkpoint
+    from .checkpoint.writer import DEFAULT_EXCLUDE, QuantizeOptions, TargetFormat, max_shard_bytes, quantize_checkpoint
+    from .interrupts import Interrupted, signals_raise
 
     exclude = tuple(args.exclude) if args.no_default_exclude else DEFAULT_EXCLUDE + tuple(args.exclude)
+    try:
+        shard_bytes = max_shard_bytes(args.max_shard_size)
+    except ValueError as e:
+        print(f"anyfp4 quantize: error: {e}", file=sys.stderr)
+        return 2
     options = QuantizeOptions(
         format=TargetFormat(args.format),
         exclude=exclude,
-        max_shard_bytes=int(args.max_shard_size * 1024**3),
+        max_shard_bytes=shard_bytes,
         force=args.force,
         progress=not args.quiet,
     )
-    summary = quantize_checkpoint(args.src, args.dst, options)
+    try:
+        with signals_raise():
+            summary = quantize_checkpoint(args.src, args.dst, options)
+    except Interrupted as e:
+        print(f"anyfp4 quantize: interrupted by {e}" + (f"; {e.outcome}" if e.outcome else ""), file=sys.stderr)
+        return e.exit_status
     counts: dict[str, int] = {}
     for fmt in summary.layer_formats.values():
         counts[fmt.value] = counts.get(fmt.value, 0) + 1
@@ -293,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("quantize", help="write a ModelOpt-format NVFP4 / FP8 / mixed checkpoint from a float one")
     q.add_argument("src", help="Hugging Face checkpoint directory (bf16, fp16 or fp32 safetensors)")
-    q.add_argument("dst", help="output directory (must be empty or absent unless --force)")
+    q.add_argument("dst", help="output directory: new or empty, or with --force a checkpoint to replace")
     q.add_argument("--format", choices=["nvfp4", "fp8", "mixed"], default="nvfp4",
                    help="nvfp4: every linear NVFP4; fp8: every linear FP8 per tensor; "
                         "mixed: NVFP4 MLP + FP8 attention projections (default: nvfp4)")
@@ -303,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--no-default-exclude", action="store_true", help="quantize embeddings' neighbours too: "
                    "only the --exclude patterns apply")
     q.add_argument("--max-shard-size", type=float, default=5.0, metavar="GIB", help="largest output shard (GiB)")
-    q.add_argument("--force", action="store_true", help="replace a non-empty destination")
+    q.add_argument("--force", action="store_true", help="replace the checkpoint in DST (the whole directory is "
+                   "deleted once the new one is in place); a directory that is not a checkpoint is never replaced")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     q.set_defaults(func=_cmd_quantize)
 

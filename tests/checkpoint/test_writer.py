@@ -81,15 +81,32 @@ def test_sharded_output_and_index(src, tmp_path):
     assert len(reader.index.files) == len(summary.shards)
 
 
-def test_refuses_non_empty_destination_unless_forced(src, tmp_path):
+@pytest.mark.parametrize("force", [False, True])
+def test_never_replaces_a_directory_that_is_not_a_checkpoint(src, tmp_path, force):
     dst = tmp_path / "dst"
     dst.mkdir()
     (dst / "keep.txt").write_text("precious")
-    with pytest.raises(CheckpointError, match="not empty; pass --force"):
+    with pytest.raises(CheckpointError, match=r"not empty and is not a checkpoint \(it has no config.json\)"):
+        quantize_checkpoint(src, dst, QuantizeOptions(force=force, **QUIET))
+    assert [p.name for p in dst.iterdir()] == ["keep.txt"]
+
+
+def test_replaces_a_checkpoint_only_when_forced(src, tmp_path):
+    dst = tmp_path / "dst"
+    quantize_checkpoint(src, dst, QuantizeOptions(format=TargetFormat.FP8, **QUIET))
+    (dst / "keep.txt").write_text("goes with the checkpoint")
+    with pytest.raises(CheckpointError, match=r"not empty \(it holds a checkpoint\); pass --force to replace it"):
         quantize_checkpoint(src, dst, QuantizeOptions(**QUIET))
-    assert (dst / "keep.txt").read_text() == "precious"
+    assert (dst / "keep.txt").exists()
     quantize_checkpoint(src, dst, QuantizeOptions(force=True, **QUIET))
     assert not (dst / "keep.txt").exists() and (dst / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, None])
+def test_max_shard_bytes_must_be_a_positive_integer(value):
+    with pytest.raises(ValueError, match=f"max_shard_bytes must be a positive integer, got {value!r}"):
+        QuantizeOptions(max_shard_bytes=value)
 
 
 def test_failure_leaves_nothing_behind(src, tmp_path, monkeypatch):

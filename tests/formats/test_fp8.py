@@ -94,9 +94,23 @@ def test_per_tensor_scale_is_amax_over_448():
     assert quantize_fp8(w).weight.float().tolist() == [[0.5, -448.0], [1.5, 2.0]]
 
 
-def test_quantize_rejects_zero_weight():
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_all_zero_weight_quantizes_to_exact_zeros(per_channel):
+    # amax 0 counts as the quantizer's maxbound 448 (ModelOpt's export_amax rule): scale 1, codes 0
+    w = torch.randn(4, 16, dtype=torch.bfloat16)
+    w[1 if per_channel else slice(None)] = 0
+    q = quantize_fp8(w, per_channel=per_channel)
+    scale = q.scale[1] if per_channel else q.scale
+    assert scale.item() == 1.0
+    assert (q.weight[1].view(torch.uint8) == 0).all() and (dequantize_fp8(q)[1] == 0).all()
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
+def test_quantize_rejects_bad_scale(scale):
     with pytest.raises(ValueError, match="finite and positive"):
-        quantize_fp8(torch.zeros(4, 16))
+        quantize_fp8(torch.randn(4, 16), torch.tensor(scale))
+    with pytest.raises(ValueError, match="finite and positive .does the weight hold NaN or Inf"):
+        quantize_fp8(torch.full((4, 16), float("nan")))
 
 
 def test_dequantize_accepts_n_by_1_scale():

@@ -124,7 +124,18 @@ def test_quantize_rejects_bad_input():
     with pytest.raises(ValueError, match="NaN"):
         quantize_nvfp4(torch.full((4, 16), float("nan")))
     with pytest.raises(ValueError, match="finite and positive"):
-        quantize_nvfp4(torch.zeros(4, 16))
+        quantize_nvfp4(torch.randn(4, 16), torch.tensor(0.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_all_zero_weight_quantizes_to_exact_zeros(dtype):
+    # amax 0 counts as the quantizer's maxbound 6 (ModelOpt's export_amax rule): global scale 6 / (6 * 448)
+    q = quantize_nvfp4(torch.zeros(4, 32, dtype=dtype))
+    assert q.global_scale.item() == torch.tensor(1 / 448, dtype=torch.float32).item()
+    assert torch.equal(q.packed, torch.zeros(4, 16, dtype=torch.uint8))
+    assert (q.block_scale.view(torch.uint8) == 0x38).all()  # E4M3 1.0, as for a zero block of a non-zero weight
+    assert torch.equal(dequantize_nvfp4(q), torch.zeros(4, 32))
+    assert shared_global_scale([torch.zeros(2, 16), torch.zeros(3, 16)]).item() == q.global_scale.item()
 
 
 def test_dequantize_formula_by_hand():

@@ -1,10 +1,12 @@
-"""anyfp4's writer produces the same bytes as NVIDIA ModelOpt 0.47's export for the same weights.
+"""anyfp4's writer produces the same bytes as NVIDIA ModelOpt 0.47's export for the same weights, except for
+a linear whose whole scale group is zero, which ModelOpt exports as NaN and anyfp4 as exact zeros.
 
 ModelOpt runs in a subprocess (it patches transformers classes on import). Needs the
 ``interop`` extra; the SmolLM2 case also needs the ``demo`` extra.
 """
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
+from anyfp4.checkpoint.errors import CheckpointError
 from anyfp4.checkpoint.reader import CheckpointReader
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
 
@@ -87,3 +91,37 @@ def test_smollm2_matches_modelopt(smollm2_bf16, tmp_path, fmt):
     ours = quantize_checkpoint(smollm2_bf16, tmp_path / "anyfp4", QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
     assert assert_same_tensors(ours, theirs) == {"nvfp4": 692, "fp8": 482, "mixed": 572}[fmt]
     assert_same_description(ours, theirs)
+
+
+ZEROED = ("model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.o_proj", "model.layers.1.mlp.gate_proj",
+          "model.layers.1.mlp.up_proj")
+WHOLLY_ZERO = ("model.layers.0.self_attn.o_proj", "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_all_zero_linears_against_modelopt(random_llama, tmp_path, fmt):
+    """Byte for byte as ModelOpt, except where ModelOpt 0.47 writes NaN: a linear whose whole scale group is zero
+    (NVFP4: o_proj alone, or gate and up together; FP8: each zero linear). anyfp4 writes scales that decode to
+    exact zeros there (ModelOpt's own zero-amax rule); a zero k_proj beside non-zero q/v is identical."""
+    src = tmp_path / "src"
+    shutil.copytree(random_llama, src)
+    tensors = load_file(str(src / "model.safetensors"))
+    for module in ZEROED:
+        tensors[f"{module}.weight"].zero_()
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    theirs = modelopt_export(src, tmp_path / "modelopt", fmt)
+    ours = quantize_checkpoint(src, tmp_path / "anyfp4", QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+    nan_in_theirs = ZEROED if fmt == "fp8" else WHOLLY_ZERO
+    with safe_open(str(ours / "model.safetensors"), "pt") as a, \
+            safe_open(str(theirs / "model.safetensors"), "pt") as b:
+        assert sorted(a.keys()) == sorted(b.keys())
+        for name in a.keys():
+            if name.rpartition(".")[0] not in nan_in_theirs:
+                assert torch.equal(raw(a.get_tensor(name)), raw(b.get_tensor(name))), name
+    readers = {"ours": CheckpointReader(ours), "theirs": CheckpointReader(theirs)}
+    layers = {who: {layer.name: layer for layer in r.layers} for who, r in readers.items()}
+    for module in nan_in_theirs:
+        layer = layers["ours"][module]
+        assert torch.equal(readers["ours"].dequantize(layer), torch.zeros(layer.out_features, layer.in_features))
+        with pytest.raises(CheckpointError, match="are NaN"):  # ModelOpt's export is unreadable there
+            readers["theirs"].dequantize(layers["theirs"][module])

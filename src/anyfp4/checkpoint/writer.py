@@ -1,9 +1,9 @@
 """Write a ModelOpt-format NVFP4 / FP8 / mixed checkpoint from a float Hugging Face checkpoint.
 
 Streaming: source tensors are read lazily one fusion group at a time and output shards are
-flushed at ``max_shard_bytes``, so host memory stays near one shard plus one group. The
-checkpoint is built in a hidden sibling directory and renamed into place only when
-complete: a failure leaves nothing half-written behind.
+flushed at ``max_shard_bytes``, so host memory stays near one shard plus one group. Where the
+checkpoint may go is ``destination``'s decision; it is built beside the destination and swapped
+in by ``replace``, so that a failure or a kill never leaves a half-written or a lost checkpoint.
 
 Codes and scales equal NVIDIA ModelOpt 0.47's export (``NVFP4_DEFAULT_CFG`` /
 ``FP8_DEFAULT_CFG``) for the same weights: NVFP4 projections that run fused (q/k/v and
@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 from tqdm import tqdm
 
 from .. import __version__
 from ..formats.fp8 import quantize_fp8
 from ..formats.nvfp4 import GROUP_SIZE, quantize_nvfp4, shared_global_scale
+from . import replace
+from .destination import check_replaceable, resolve_destination
 from .errors import CheckpointError
 from .quant_config import CONFIG, HF_QUANT_CONFIG, WeightFormat, module_matches, parse_quant_scheme
 from .tensor_index import INDEX_FILE, SINGLE_FILE, TensorIndex
@@ -36,7 +40,9 @@ DEFAULT_EXCLUDE = ("lm_head", "*embed_tokens")
 FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 ATTENTION_PATTERNS = ("*self_attn.*", "*attention.*", "*attn.*")
 WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".gguf")
-SKIPPED_FILES = {CONFIG, HF_QUANT_CONFIG, INDEX_FILE, "pytorch_model.bin.index.json"}
+SKIPPED_FILES = {CONFIG, HF_QUANT_CONFIG, INDEX_FILE, "pytorch_model.bin.index.json", replace.MARKER}
+# The smallest --max-shard-size: below it a model turns into thousands of files, one per tensor.
+MIN_SHARD_BYTES = 1024**2
 
 
 class TargetFormat(enum.Enum):
@@ -52,6 +58,17 @@ class QuantizeOptions:
     max_shard_bytes: int = 5 * 1024**3
     force: bool = False
     progress: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.max_shard_bytes, int) or self.max_shard_bytes <= 0:
+            raise ValueError(f"max_shard_bytes must be a positive integer, got {self.max_shard_bytes!r}")
+
+
+def max_shard_bytes(gib: float) -> int:
+    """``--max-shard-size`` (GiB) in bytes, refused unless finite and at least ``MIN_SHARD_BYTES``."""
+    if not math.isfinite(gib) or gib * 1024**3 < MIN_SHARD_BYTES:
+        raise ValueError(f"--max-shard-size must be a finite number of GiB, at least 1/1024 (1 MiB); got {gib:g}")
+    return int(gib * 1024**3)
 
 
 @dataclass
@@ -167,10 +184,14 @@ class _ShardWriter:
         if not self.pending:
             return
         file = f"part-{len(self.files):05d}.safetensors"
-        save_file(self.pending, str(self.directory / file), metadata={"format": "pt"})
+        try:
+            save_file(self.pending, str(self.directory / file), metadata={"format": "pt"})
+        except SafetensorError as e:  # safetensors reports a failed write (a full disk) as its own error
+            raise OSError(None, str(e).removeprefix("Error while serializing: "), str(self.directory / file)) from None
         self.files.append((file, list(self.pending)))
         self.total_bytes += self.pending_bytes
         self.pending, self.pending_bytes = {}, 0
+        replace.reached("shard-written")
 
     def finish(self) -> list[str]:
         """Name the shards as Hugging Face does and write the index when there is more than one."""
@@ -190,41 +211,46 @@ class _ShardWriter:
         return names
 
 
-def _check_destination(dst: Path, force: bool) -> None:
-    if dst.exists() and not dst.is_dir():
-        raise CheckpointError("destination exists and is not a directory", file=dst)
-    if dst.is_dir() and any(dst.iterdir()) and not force:
-        raise CheckpointError("destination is not empty; pass --force to replace it", file=dst)
-
-
 def quantize_checkpoint(src: str | Path, dst: str | Path, options: QuantizeOptions = QuantizeOptions()) -> QuantizeSummary:
-    src, dst = Path(src), Path(dst)
-    _check_destination(dst, options.force)
-    if src.resolve() == dst.resolve():
-        raise CheckpointError("source and destination are the same directory", file=dst)
-    scheme = parse_quant_scheme(src)
-    if scheme.producer != "none":
-        raise CheckpointError(f"source is already quantized ({scheme.producer} {scheme.algo}); give a float checkpoint",
-                              file=scheme.source)
-    index = TensorIndex(src)
-    plan = plan_layers(index, options)
-    if not plan:
-        raise CheckpointError("no linear weights left to quantize after the exclusions", file=src)
-    groups = _fusion_groups(plan)
-    work = dst.parent / f".{dst.name}.partial-{os.getpid()}"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    """Quantize the float checkpoint ``src`` into the directory ``dst``.
+
+    ``dst`` must be new, empty, or (with ``options.force``) a checkpoint, which is then replaced as a
+    whole. Whatever fails, and whenever the process is killed, ``dst`` holds its old checkpoint or the
+    new one, complete; the next call cleans what a killed one left beside it.
+    """
+    src, shown = Path(src), Path(dst)
+    target = resolve_destination(src, shown)
     try:
-        summary = _write(src, index, plan, groups, work, options)
-        if dst.exists():
-            shutil.rmtree(dst)
-        os.replace(work, dst)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    summary.dst = dst
+        replace.recover(target)
+        check_replaceable(target, shown, options.force)
+        scheme = parse_quant_scheme(src)
+        if scheme.producer != "none":
+            raise CheckpointError(f"source is already quantized ({scheme.producer} {scheme.algo}); give a float "
+                                  f"checkpoint", file=scheme.source)
+        index = TensorIndex(src)
+        plan = plan_layers(index, options)
+        if not plan:
+            raise CheckpointError("no linear weights left to quantize after the exclusions", file=src)
+        groups = _fusion_groups(plan)
+        summary = replace.install(target, lambda work: _write(src, index, plan, groups, work, options))
+    except OSError as e:
+        raise CheckpointError(f"could not write the checkpoint: {e.strerror or e}",
+                              file=_failed_path(e, target, shown)) from None
+    summary.dst = shown
     return summary
+
+
+def _failed_path(error: OSError, target: Path, shown: Path) -> Path:
+    """The file an I/O error names, or the destination where it names one of the destination's
+    hidden siblings (the user never sees those)."""
+    if error.filename is None:
+        return shown
+    path = Path(os.fsdecode(error.filename))
+    if path.is_absolute() and path.is_relative_to(target.parent) and path != target.parent:
+        first = path.relative_to(target.parent).parts[0]
+        if first == target.name or first.startswith(f".{target.name}."):
+            return shown
+    return path
 
 
 def _write(src: Path, index: TensorIndex, plan: dict, groups: dict, work: Path, options: QuantizeOptions):
@@ -236,11 +262,11 @@ def _write(src: Path, index: TensorIndex, plan: dict, groups: dict, work: Path, 
         for name in names:
             module, _, suffix = name.rpartition(".")
             fmt = plan.get(module) if suffix == "weight" else None
-            weight = index.load(name)
+            weight = _load_linear(index, name) if fmt is not None else index.load(name)
             if fmt is WeightFormat.NVFP4:
                 if module not in global_scales:
                     members = groups.get(module, (module,))
-                    scale = shared_global_scale([index.load(f"{m}.weight") for m in members])
+                    scale = shared_global_scale([_load_linear(index, f"{m}.weight") for m in members])
                     global_scales.update({m: scale for m in members})
                 q = quantize_nvfp4(weight, global_scales[module])
                 shards.add(f"{module}.weight", q.packed)
@@ -262,6 +288,18 @@ def _write(src: Path, index: TensorIndex, plan: dict, groups: dict, work: Path, 
     (work / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     _copy_side_files(src, work)
     return QuantizeSummary(work, dict(plan), files, shards.total_bytes)
+
+
+def _load_linear(index: TensorIndex, name: str) -> torch.Tensor:
+    """A weight to quantize, refused if it holds NaN or Inf (no scale can represent those)."""
+    weight = index.load(name)
+    bad = int((~torch.isfinite(weight)).sum())
+    if bad:
+        module = name.rpartition(".")[0]
+        raise CheckpointError(f"{bad} weight value(s) are NaN or Inf, which cannot be quantized; fix the source or "
+                              f"leave the layer unquantized with --exclude {module}", file=index[name].file,
+                              tensor=name)
+    return weight
 
 
 def _exclude_list(index: TensorIndex, plan: dict, options: QuantizeOptions) -> list[str]:

@@ -93,12 +93,14 @@ class FP8Weight:
 
 
 def fp8_weight_scale(weight: torch.Tensor, per_channel: bool = False) -> torch.Tensor:
-    """``amax / 448`` in float32: one scalar per tensor, or one per output row."""
-    if per_channel:
-        amax = weight.abs().amax(dim=-1)
-    else:
-        amax = weight.abs().amax()
-    return amax.float() / E4M3_MAX
+    """``amax / 448`` in float32: one scalar per tensor, or one per output row.
+
+    An all-zero weight (or row) gets scale 1, its amax counted as 448, the quantizer's maxbound, as
+    ModelOpt's ``export_amax`` substitutes: all codes are 0 and decode to exact zeros. ModelOpt 0.47's
+    weight export divides by a zero scale instead and writes NaN codes.
+    """
+    amax = (weight.abs().amax(dim=-1) if per_channel else weight.abs().amax()).float()
+    return torch.where(amax == 0, torch.full_like(amax, E4M3_MAX), amax) / E4M3_MAX
 
 
 def quantize_fp8(weight: torch.Tensor, scale: torch.Tensor | None = None, per_channel: bool = False) -> FP8Weight:
@@ -114,7 +116,7 @@ def quantize_fp8(weight: torch.Tensor, scale: torch.Tensor | None = None, per_ch
     if scale is None:
         scale = fp8_weight_scale(weight, per_channel)
     if not torch.isfinite(scale).all() or (scale <= 0).any():
-        raise ValueError("FP8 weight scale must be finite and positive (is the weight all zeros or non-finite?)")
+        raise ValueError("FP8 weight scale must be finite and positive (does the weight hold NaN or Inf?)")
     divisor = scale[:, None] if scale.dim() == 1 else scale
     quotient = weight / divisor
     return FP8Weight(quotient.to(torch.float8_e4m3fn), scale)

@@ -101,9 +101,18 @@ class NVFP4Weight:
         return self.packed.shape[0], self.packed.shape[1] * 2
 
 
+def _global_scale(amax: torch.Tensor, fp8_max: float = E4M3_MAX) -> torch.Tensor:
+    """``amax / (6 * fp8_max)`` in float32. An all-zero weight's amax counts as 6 (its quantizer's
+    maxbound, as ModelOpt's ``export_amax`` substitutes): scale 1 / 448, all codes 0, decoding to exact
+    zeros. ModelOpt 0.47's weight export divides by the zero scale instead and writes NaN block scales."""
+    amax = amax.float()
+    amax = torch.where(amax == 0, torch.full_like(amax, E2M1_MAX), amax)
+    return amax / (E2M1_MAX * fp8_max)
+
+
 def nvfp4_global_scale(weight: torch.Tensor, fp8_max: float = E4M3_MAX) -> torch.Tensor:
     """``amax(|W|) / (6 * fp8_max)`` as a float32 scalar (ModelOpt's ``weight_scale_2``)."""
-    return weight.abs().amax().float() / (E2M1_MAX * fp8_max)
+    return _global_scale(weight.abs().amax(), fp8_max)
 
 
 def nvfp4_block_scales(weight: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
@@ -147,8 +156,7 @@ def quantize_nvfp4(weight: torch.Tensor, global_scale: torch.Tensor | None = Non
 
 def shared_global_scale(weights: list[torch.Tensor]) -> torch.Tensor:
     """One global scale for projections that are fused at run time: from the largest amax."""
-    amax = torch.stack([w.abs().amax().float() for w in weights]).amax()
-    return amax / (E2M1_MAX * E4M3_MAX)
+    return _global_scale(torch.stack([w.abs().amax().float() for w in weights]).amax())
 
 
 def _byte_lut(device: torch.device) -> torch.Tensor:
