@@ -60,9 +60,24 @@ def write_float_checkpoint(path: Path, config: dict | None = None, seed: int = 0
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
+    write_tiny_tokenizer(path, config["vocab_size"])
     save_file(llama_tensors(config, seed, dtype), str(path / "model.safetensors"), metadata={"format": "pt"})
     return path
+
+
+def write_tiny_tokenizer(path: Path, vocab_size: int) -> None:
+    """A word-level tokenizer of ``vocab_size`` tokens (``<unk>``, ``<s>``, ``</s>``, ``w3`` ...): enough
+    for transformers' AutoTokenizer and for generate / chat on tiny random checkpoints."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "model_max_length": 256}))
 
 
 def rewrite_tensors(path: Path, edit) -> None:
