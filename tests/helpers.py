@@ -66,11 +66,13 @@ def write_float_checkpoint(path: Path, config: dict | None = None, seed: int = 0
 
 
 def write_tiny_tokenizer(path: Path, vocab_size: int) -> None:
-    """A word-level tokenizer of ``vocab_size`` tokens (``<unk>``, ``<s>``, ``</s>``, ``w3`` ...): enough
-    for transformers' AutoTokenizer and for generate / chat on tiny random checkpoints."""
+    """A word-level tokenizer of ``vocab_size`` tokens (``<unk>``, ``<s>``, ``</s>``, ``w3`` ..., and last
+    ``<|endoftext|>``, which transformers' Qwen2 tokenizer would otherwise add): enough for AutoTokenizer
+    and for generate / chat on tiny random checkpoints."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size - 1)},
+             "<|endoftext|>": vocab_size - 1}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.decoder = decoders.WordPiece()
@@ -117,3 +119,25 @@ def to_compressed_tensors(modelopt_dir: Path, out: Path) -> Path:
         "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
             "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}}}}))
     return out
+
+
+def expect_refused(path: Path, fragment: str, capsys, names_file: str | None = None) -> str:
+    """Both what ``generate`` runs (``Session.load``: plan, tokenizer, weights) and ``anyfp4 inspect`` refuse
+    ``path``: a one-line CheckpointError holding ``fragment`` and naming a file (``names_file``, default the
+    checkpoint directory), and inspect exiting 1 with the same message. Returns the message."""
+    import pytest
+
+    from anyfp4.checkpoint.errors import CheckpointError
+    from anyfp4.cli import main
+    from anyfp4.runtime.session import Session
+
+    with pytest.raises(CheckpointError) as e:
+        Session.load(path, "cpu", "fp32", progress=False)
+    message = str(e.value)
+    assert fragment in message and "\n" not in message, message
+    assert f"file {names_file or path}" in message, message
+    capsys.readouterr()
+    assert main(["inspect", str(path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == "invalid" and report["error"] == message, (report["error"], message)
+    return message

@@ -58,18 +58,18 @@ def inside(root: Path, relative: object, listed_in: Path) -> Path:
     return root / relative
 
 
-def read_json_object(path: Path, what: str = "JSON") -> dict:
+def read_json_object(path: Path) -> dict:
     """A JSON file that must hold an object (a dict), read after the regular-file check."""
     if not regular_file(path):
         raise CheckpointError("file not found", file=path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
-        raise CheckpointError(f"{what} is not UTF-8 text: {e.reason}", file=path) from None
+        raise CheckpointError(f"not UTF-8 text: {e.reason}", file=path) from None
     except json.JSONDecodeError as e:
         raise CheckpointError(f"not valid JSON: {e}", file=path) from None
     except (OSError, RecursionError) as e:
-        raise CheckpointError(f"cannot read {what}: {e}", file=path) from None
+        raise CheckpointError(f"cannot be read as JSON: {e}", file=path) from None
     if not isinstance(data, dict):
         raise CheckpointError(f"expected a JSON object, found {type(data).__name__}", file=path)
     return data

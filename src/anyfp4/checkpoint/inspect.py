@@ -1,8 +1,8 @@
 """``anyfp4 inspect``: what a checkpoint holds, what decoding a token reads, and whether it is valid.
 
 "Valid" means ``generate`` runs it: the structure (headers), config.json against the tensors (the
-runner's own check, ``runtime/plan.py``) and, unless headers-only, every value the loader reads,
-through the loader's own checked loads. Exit codes: 0 valid, 1 invalid, 2 unreadable.
+runner's own check, ``runtime/plan.py``), the tokenizer and generation_config.json, and, unless
+headers-only, every value the loader reads, through the loader's own checked loads. Exit codes: 0 valid, 1 invalid, 2 unreadable.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ def inspect_checkpoint(path: str | Path, check_values: bool = True, progress: bo
         report["error"] = str(e)
         return report
     report["architecture"] = plan.architecture
+    try:
+        _check_generation_files(reader.root, plan.args.vocab_size)
+    except CheckpointError as e:
+        report["error"] = str(e)
+        return report
     report["tied_embeddings"] = plan.tied_head
     report.update(_bytes_per_token(reader, plan.tied_head))
     if check_values:
@@ -70,6 +75,13 @@ def inspect_checkpoint(path: str | Path, check_values: bool = True, progress: bo
             return report
     report.update(status="valid", valid=True, values_checked=check_values)
     return report
+
+
+def _check_generation_files(root: Path, vocab_size: int) -> None:
+    """What ``generate`` reads besides the weights: the tokenizer and generation_config.json."""
+    from ..runtime.session import checkpoint_stop_ids, load_tokenizer
+
+    checkpoint_stop_ids(root, load_tokenizer(root, vocab_size))
 
 
 def exit_code(report: dict) -> int:

@@ -42,7 +42,7 @@ class CheckpointReader:
 
     @cached_property
     def config(self) -> dict:
-        return read_json_object(self.root / CONFIG, "the model config")
+        return read_json_object(self.root / CONFIG)
 
     @property
     def config_file(self) -> Path:

@@ -77,7 +77,7 @@ class TensorIndex:
         path = self.root / INDEX_FILE
         if not regular_file(path):
             return None
-        weight_map = read_json_object(path, "the safetensors index").get("weight_map")
+        weight_map = read_json_object(path).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError("'weight_map' must map tensor names to shard files", file=path)
         for shard in weight_map.values():

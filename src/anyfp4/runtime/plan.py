@@ -113,7 +113,7 @@ def _check_head(reader: CheckpointReader, args: ModelArgs) -> None:
 def _check_linear(reader: CheckpointReader, args: ModelArgs, name: str, want: LinearPlan) -> LayerSpec:
     layer = reader.layer_by_name.get(name)
     if layer is None:
-        odd = next((n for n in reader.index.names() if n.rpartition(".")[0] == name), None)
+        odd = next((n for n in (f"{name}.weight", f"{name}.weight_packed") if n in reader.index), None)
         if odd is not None:
             shape = list(reader.index[odd].shape)
             raise CheckpointError(f"linear {name} must store a 2-D weight, found {shape}", file=reader.index[odd].file,
