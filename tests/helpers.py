@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -141,3 +143,17 @@ def expect_refused(path: Path, fragment: str, capsys, names_file: str | None = N
     report = json.loads(capsys.readouterr().out)
     assert report["status"] == "invalid" and report["error"] == message, (report["error"], message)
     return message
+
+
+@contextmanager
+def hard_timeout(seconds: float):
+    """Fail instead of hanging (main thread, POSIX): a blocked call such as open() of a FIFO is interrupted."""
+    def fire(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -3,28 +3,12 @@
 import json
 import os
 import shutil
-import signal
-from contextlib import contextmanager
 
 import pytest
 
 from anyfp4.checkpoint.writer import QuantizeOptions, quantize_checkpoint
 from anyfp4.cli import main
-from helpers import edit_json, expect_refused, write_float_checkpoint
-
-
-@contextmanager
-def hard_timeout(seconds: float):
-    """Fail instead of hanging: a blocked open() of a FIFO is interrupted by the alarm."""
-    def fire(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+from helpers import edit_json, expect_refused, hard_timeout, write_float_checkpoint
 
 
 @pytest.fixture
