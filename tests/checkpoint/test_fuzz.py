@@ -77,7 +77,7 @@ rope = st.fixed_dictionaries({"rope_type": st.sampled_from(["llama3", "default",
                              optional={"factor": number, "low_freq_factor": number, "high_freq_factor": number,
                                        "original_max_position_embeddings": json_leaf})
 quant = st.fixed_dictionaries({"quant_method": st.sampled_from(["modelopt", "compressed-tensors", "gptq"])},
-                              optional={"quant_algo": st.sampled_from(["NVFP4", "FP8", "MIXED_PRECISION", "X"]) | json_leaf,
+                              optional={"quant_algo": st.sampled_from(["NVFP4", "FP8", "MIXED_PRECISION"]) | json_leaf,
                                         "format": st.sampled_from(["nvfp4-pack-quantized", "float-quantized"]),
                                         "ignore": st.lists(st.sampled_from(["lm_head", "re:(", "re:.*", "*", "model"]))
                                         | json_leaf, "config_groups": json_value})

@@ -66,7 +66,8 @@ RANGE = "must lie in [{:.3g}, {:.3g}] (an amax of 5.96e-08 to 65504), found {}"
 
 
 @pytest.mark.parametrize("kind, suffix, value, what, bounds, shown", [
-    ("ct", "weight_global_scale", 1e-40, "NVFP4 global scale", NVFP4_RECIPROCAL_SCALE_RANGE, "9.99995e-41"),  # float32 subnormal
+    # 1e-40 is a float32 subnormal, shown as stored
+    ("ct", "weight_global_scale", 1e-40, "NVFP4 global scale", NVFP4_RECIPROCAL_SCALE_RANGE, "9.99995e-41"),
     ("ct", "weight_global_scale", 0.01, "NVFP4 global scale", NVFP4_RECIPROCAL_SCALE_RANGE, "0.01"),
     ("ct", "weight_global_scale", 1e11, "NVFP4 global scale", NVFP4_RECIPROCAL_SCALE_RANGE, "1e+11"),
     ("nvfp4", "weight_scale_2", 1e30, "NVFP4 global scale", NVFP4_SCALE_RANGE, "1e+30"),

@@ -2,7 +2,8 @@
 
 "Valid" means ``generate`` runs it: the structure (headers), config.json against the tensors (the
 runner's own check, ``runtime/plan.py``), the tokenizer and generation_config.json, and, unless
-headers-only, every value the loader reads, through the loader's own checked loads. Exit codes: 0 valid, 1 invalid, 2 unreadable.
+headers-only, every value the loader reads, through the loader's own checked loads.
+Exit codes: 0 valid, 1 invalid, 2 unreadable.
 """
 
 from __future__ import annotations
