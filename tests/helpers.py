@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -60,9 +62,26 @@ def write_float_checkpoint(path: Path, config: dict | None = None, seed: int = 0
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
+    write_tiny_tokenizer(path, config["vocab_size"])
     save_file(llama_tensors(config, seed, dtype), str(path / "model.safetensors"), metadata={"format": "pt"})
     return path
+
+
+def write_tiny_tokenizer(path: Path, vocab_size: int) -> None:
+    """A word-level tokenizer of ``vocab_size`` tokens (``<unk>``, ``<s>``, ``</s>``, ``w3`` ..., and last
+    ``<|endoftext|>``, which transformers' Qwen2 tokenizer would otherwise add): enough for AutoTokenizer
+    and for generate / chat on tiny random checkpoints."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size - 1)},
+             "<|endoftext|>": vocab_size - 1}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "model_max_length": 256}))
 
 
 def rewrite_tensors(path: Path, edit) -> None:
@@ -183,3 +202,39 @@ class ForkedCli:
                 raise TimeoutError(f"anyfp4 did not end within {timeout} s")
             time.sleep(0.005)
         return self.code
+
+
+def expect_refused(path: Path, fragment: str, capsys, names_file: str | None = None) -> str:
+    """Both what ``generate`` runs (``Session.load``: plan, tokenizer, weights) and ``anyfp4 inspect`` refuse
+    ``path``: a one-line CheckpointError holding ``fragment`` and naming a file (``names_file``, default the
+    checkpoint directory), and inspect exiting 1 with the same message. Returns the message."""
+    import pytest
+
+    from anyfp4.checkpoint.errors import CheckpointError
+    from anyfp4.cli import main
+    from anyfp4.runtime.session import Session
+
+    with pytest.raises(CheckpointError) as e:
+        Session.load(path, "cpu", "fp32", progress=False)
+    message = str(e.value)
+    assert fragment in message and "\n" not in message, message
+    assert f"file {names_file or path}" in message, message
+    capsys.readouterr()
+    assert main(["inspect", str(path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == "invalid" and report["error"] == message, (report["error"], message)
+    return message
+
+
+@contextmanager
+def hard_timeout(seconds: float):
+    """Fail instead of hanging (main thread, POSIX): a blocked call such as open() of a FIFO is interrupted."""
+    def fire(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

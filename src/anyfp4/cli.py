@@ -41,14 +41,21 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .checkpoint.inspect import inspect_checkpoint, print_report
+    """Exit 0 valid, 1 invalid, 2 unreadable (and for usage errors and internal errors: never 1 for those)."""
+    from .checkpoint.inspect import exit_code, inspect_checkpoint, print_report
 
-    report = inspect_checkpoint(args.path, check_values=not args.headers_only, progress=not args.json)
+    try:
+        report = inspect_checkpoint(args.path, check_values=not args.headers_only, progress=not args.json)
+    except Exception:  # a bug in anyfp4, not a verdict on the checkpoint
+        import traceback
+
+        traceback.print_exc()
+        return 2
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print_report(report)
-    return 0 if report["valid"] else 1
+    return exit_code(report)
 
 
 def _sampling(args: argparse.Namespace):

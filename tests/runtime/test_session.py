@@ -27,7 +27,7 @@ def test_demo_command(smollm2_bf16, monkeypatch, capsys):
     monkeypatch.setenv("ANYFP4_CACHE", str(smollm2_bf16.parent))  # the bf16 conversion is already there
     assert main(["demo", "--max-tokens", "12", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "valid (structure and scale values checked)" in out
+    assert "valid (structure, config and values checked); runs as LlamaForCausalLM" in out
     assert "assistant: " in out and len(out.split("assistant: ")[1].strip()) > 0
 
 

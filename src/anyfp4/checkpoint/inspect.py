@@ -1,4 +1,10 @@
-"""``anyfp4 inspect``: what a checkpoint holds, what decoding a token reads, and whether it is valid."""
+"""``anyfp4 inspect``: what a checkpoint holds, what decoding a token reads, and whether it is valid.
+
+"Valid" means ``generate`` runs it: the structure (headers), config.json against the tensors (the
+runner's own check, ``runtime/plan.py``), the tokenizer and generation_config.json, and, unless
+headers-only, every value the loader reads, through the loader's own checked loads.
+Exit codes: 0 valid, 1 invalid, 2 unreadable.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from .layers import LayerSpec
 from .quant_config import WeightFormat
 
 BF16_BYTES = 2
+EXIT_CODES = {"valid": 0, "invalid": 1, "unreadable": 2}
 
 
 def _is_embedding(layer: LayerSpec) -> bool:
@@ -31,10 +38,15 @@ def _stored_bytes(reader, layer: LayerSpec) -> int:
 
 
 def inspect_checkpoint(path: str | Path, check_values: bool = True, progress: bool = False) -> dict:
-    """A JSON-ready report. Never raises for a bad checkpoint: the verdict says what is wrong."""
+    """A JSON-ready report. Never raises for a bad checkpoint: ``status`` (valid / invalid / unreadable)
+    and ``error`` say what is wrong."""
+    from ..runtime.plan import plan_model
     from .reader import CheckpointReader
 
-    report: dict = {"path": str(path), "valid": False, "error": None}
+    report: dict = {"path": str(path), "status": "invalid", "valid": False, "error": None}
+    if not Path(path).is_dir():
+        report.update(status="unreadable", error=str(CheckpointError("not a checkpoint directory", file=path)))
+        return report
     try:
         reader = CheckpointReader(path)
     except CheckpointError as e:
@@ -42,13 +54,48 @@ def inspect_checkpoint(path: str | Path, check_values: bool = True, progress: bo
         return report
     report["producer"] = reader.scheme.producer
     report["quant_algo"] = reader.scheme.algo
+    report.update(_layer_summary(reader))
+    try:
+        plan = plan_model(reader)
+    except CheckpointError as e:  # UnsupportedModelError included
+        report["error"] = str(e)
+        return report
+    report["architecture"] = plan.architecture
+    try:
+        _check_generation_files(reader.root, plan.args.vocab_size)
+    except CheckpointError as e:
+        report["error"] = str(e)
+        return report
+    report["tied_embeddings"] = plan.tied_head
+    report.update(_bytes_per_token(reader, plan.tied_head))
+    if check_values:
+        try:
+            reader.validate_values(plan.layers(), tuple(plan.tensors), progress=progress)
+        except CheckpointError as e:
+            report["error"] = str(e)
+            return report
+    report.update(status="valid", valid=True, values_checked=check_values)
+    return report
+
+
+def _check_generation_files(root: Path, vocab_size: int) -> None:
+    """What ``generate`` reads besides the weights: the tokenizer and generation_config.json."""
+    from ..runtime.session import checkpoint_stop_ids, load_tokenizer
+
+    checkpoint_stop_ids(root, load_tokenizer(root, vocab_size))
+
+
+def exit_code(report: dict) -> int:
+    return EXIT_CODES[report["status"]]
+
+
+def _layer_summary(reader) -> dict:
     groups: "OrderedDict[tuple, dict]" = OrderedDict()
-    per_token = stored = bf16 = 0
+    stored = 0
     for layer in reader.layers:
-        embedding = _is_embedding(layer)
         key = (_group_key(layer), layer.format.value)
         g = groups.setdefault(key, {"group": key[0], "format": key[1], "count": 0, "shapes": [], "bytes": 0,
-                                    "role": "embedding" if embedding else "linear"})
+                                    "role": "embedding" if _is_embedding(layer) else "linear"})
         g["count"] += 1
         shape = [layer.out_features, layer.in_features]
         if shape not in g["shapes"]:
@@ -56,36 +103,26 @@ def inspect_checkpoint(path: str | Path, check_values: bool = True, progress: bo
         nbytes = _stored_bytes(reader, layer)
         g["bytes"] += nbytes
         stored += nbytes
-        if embedding:
+    return dict(groups=list(groups.values()), layers=len(reader.layers),
+                quantized_layers=sum(l.format is not WeightFormat.NONE for l in reader.layers),
+                total_weight_bytes=stored)
+
+
+def _bytes_per_token(reader, tied: bool) -> dict:
+    per_token = bf16 = 0
+    for layer in reader.layers:
+        nbytes = _stored_bytes(reader, layer)
+        if _is_embedding(layer):
             per_token += nbytes // max(layer.out_features, 1)  # one row is gathered per token
         else:
             per_token += layer.weight_bytes if layer.format is not WeightFormat.NONE else nbytes
             bf16 += layer.out_features * layer.in_features * BF16_BYTES
-    tied = reader.config.get("tie_word_embeddings", False) and not any(l.name.endswith("lm_head") for l in reader.layers)
-    if tied:  # the output head reads the whole embedding matrix every token
-        emb = next((l for l in reader.layers if _is_embedding(l)), None)
-        if emb is not None:
-            per_token += _stored_bytes(reader, emb)
-            bf16 += emb.out_features * emb.in_features * BF16_BYTES
-    report.update(
-        groups=list(groups.values()),
-        layers=len(reader.layers),
-        quantized_layers=sum(l.format is not WeightFormat.NONE for l in reader.layers),
-        tied_embeddings=bool(tied),
-        total_weight_bytes=stored,
-        bytes_per_token=per_token,
-        bf16_bytes_per_token=bf16,
-        compression_vs_bf16=(bf16 / per_token) if per_token else None,
-    )
-    if check_values:
-        try:
-            reader.validate_values(progress=progress)
-        except CheckpointError as e:
-            report["error"] = str(e)
-            return report
-    report["valid"] = True
-    report["values_checked"] = check_values
-    return report
+    emb = next((l for l in reader.layers if _is_embedding(l)), None)
+    if tied and emb is not None:  # the output head reads the whole embedding matrix every token
+        per_token += _stored_bytes(reader, emb)
+        bf16 += emb.out_features * emb.in_features * BF16_BYTES
+    return dict(bytes_per_token=per_token, bf16_bytes_per_token=bf16,
+                compression_vs_bf16=(bf16 / per_token) if per_token else None)
 
 
 def _human(n: int) -> str:
@@ -109,16 +146,17 @@ def print_report(report: dict) -> None:
             shapes = ", ".join(f"{n} x {k}" for n, k in g["shapes"])
             table.add_row(g["group"], g["format"], str(g["count"]), shapes, _human(g["bytes"]))
         console.print(table)
+        console.print(f"layers: {report['layers']} ({report['quantized_layers']} quantized)   "
+                      f"stored weights: {_human(report['total_weight_bytes'])}")
+    if "bytes_per_token" in report:
         console.print(
-            f"layers: {report['layers']} ({report['quantized_layers']} quantized)   "
-            f"stored weights: {_human(report['total_weight_bytes'])}\n"
             f"weight bytes read per decoded token: {_human(report['bytes_per_token'])} "
             f"(bf16: {_human(report['bf16_bytes_per_token'])}, "
             f"compression {report['compression_vs_bf16']:.2f}x)"
             + ("   [tied embeddings: lm_head reads the embedding matrix]" if report["tied_embeddings"] else "")
         )
     if report["valid"]:
-        checked = "structure and scale values" if report.get("values_checked") else "structure only"
-        console.print(f"[green]valid[/green] ({checked} checked)")
+        checked = "structure, config and values" if report.get("values_checked") else "structure and config; values not"
+        console.print(f"[green]valid[/green] ({checked} checked); runs as {report['architecture']}")
     else:
-        console.print(f"[red]invalid:[/red] {report['error']}", highlight=False)
+        console.print(f"[red]{report['status']}:[/red] {report['error']}", highlight=False, soft_wrap=True)

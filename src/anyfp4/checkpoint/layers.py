@@ -133,7 +133,7 @@ def _add_bias(module: str, n: int, index: TensorIndex, tensors: dict) -> None:
         tensors["bias"] = bias
 
 
-def _linear_modules(scheme: QuantScheme, index: TensorIndex) -> list[str]:
+def linear_modules(scheme: QuantScheme, index: TensorIndex) -> list[str]:
     """Modules that store a 2-D weight (plain, packed or FP8): the linears and the embeddings."""
     weight_suffixes = {"weight", NVFP4_NAMES[scheme.naming]["codes"]}
     modules = []
@@ -146,7 +146,7 @@ def _linear_modules(scheme: QuantScheme, index: TensorIndex) -> list[str]:
 
 def describe_layers(scheme: QuantScheme, index: TensorIndex) -> list[LayerSpec]:
     """Every 2-D weight of the checkpoint, as a validated ``LayerSpec``, in storage order."""
-    modules = _linear_modules(scheme, index)
+    modules = linear_modules(scheme, index)
     if scheme.is_mixed:
         missing = [m for m in scheme.layer_formats if m not in modules]
         if missing:

@@ -10,13 +10,15 @@ Understood configs:
   ``format: "nvfp4-pack-quantized"`` (NVFP4A16 / NVFP4 presets) or ``"float-quantized"``
   (FP8 weights, per tensor or per channel); exclusions in ``ignore`` (``re:`` regexes allowed).
 - No quantization config at all: a plain float checkpoint (every module unquantized).
+
+When both ``hf_quant_config.json`` and ``config.json``'s ``quantization_config`` are present they must
+agree on every stored module's format (``check_schemes_agree``); exclusion regexes are compiled when read.
 """
 
 from __future__ import annotations
 
 import enum
 import fnmatch
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from .errors import CheckpointError
+from .files import read_json_object, regular_file
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
 CONFIG = "config.json"
@@ -88,7 +91,7 @@ class QuantScheme:
 
 
 def _modelopt_format(algo: object, where: str, source: Path) -> WeightFormat:
-    if algo not in _MODELOPT_ALGOS:
+    if not isinstance(algo, str) or algo not in _MODELOPT_ALGOS:
         raise CheckpointError(
             f"unsupported ModelOpt quant_algo {algo!r} at {where}; anyfp4 runs {', '.join(SUPPORTED_ALGOS)}",
             file=source,
@@ -96,12 +99,34 @@ def _modelopt_format(algo: object, where: str, source: Path) -> WeightFormat:
     return _MODELOPT_ALGOS[algo]
 
 
+def _patterns(value: object, key: str, source: Path) -> tuple[str, ...]:
+    """An exclusion list: strings, ``re:`` entries compiled now so a bad regex is named here."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise CheckpointError(f"{key!r} must be a list of module names or patterns, found {value!r}", file=source)
+    for pattern in value:
+        if pattern.startswith("re:"):
+            try:
+                re.compile(pattern[3:])
+            except re.error as e:
+                raise CheckpointError(f"{key!r} entry {pattern!r} is not a valid regular expression: {e}",
+                                      file=source) from None
+    return tuple(value)
+
+
+def _object(value: object, key: str, source: Path) -> dict:
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{key!r} must be a JSON object, found {value!r}", file=source)
+    return value
+
+
 def _parse_modelopt(quant: dict, source: Path, exclude_key: str) -> QuantScheme:
     algo = quant.get("quant_algo")
     group_size = quant.get("group_size", 16)
-    if group_size not in (None, 16):
+    if group_size not in (None, 16) or isinstance(group_size, bool):
         raise CheckpointError(f"NVFP4 group_size must be 16, got {group_size!r}", file=source)
-    exclude = tuple(quant.get(exclude_key) or ())
+    exclude = _patterns(quant.get(exclude_key), exclude_key, source)
     if algo == "MIXED_PRECISION":
         layers = quant.get("quantized_layers")
         if not isinstance(layers, dict) or not layers:
@@ -111,7 +136,7 @@ def _parse_modelopt(quant: dict, source: Path, exclude_key: str) -> QuantScheme:
             if not isinstance(cfg, dict):
                 raise CheckpointError(f"quantized_layers[{module!r}] must be a dict, got {cfg!r}", file=source)
             formats[module] = _modelopt_format(cfg.get("quant_algo"), f"quantized_layers[{module!r}]", source)
-            if cfg.get("group_size", 16) != 16:
+            if cfg.get("group_size", 16) != 16 or isinstance(cfg.get("group_size"), bool):
                 raise CheckpointError(f"quantized_layers[{module!r}] group_size must be 16", file=source)
         return QuantScheme("modelopt", algo, exclude=exclude, layer_formats=MappingProxyType(formats), source=str(source))
     return QuantScheme("modelopt", str(algo), default_format=_modelopt_format(algo, "quant_algo", source),
@@ -120,41 +145,33 @@ def _parse_modelopt(quant: dict, source: Path, exclude_key: str) -> QuantScheme:
 
 def _parse_compressed_tensors(qc: dict, source: Path) -> QuantScheme:
     fmt = qc.get("format")
-    groups = qc.get("config_groups") or {}
-    weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
+    groups = _object(qc.get("config_groups") or {}, "config_groups", source)
+    weights = [_object(_object(g, f"config_groups.{k}", source).get("weights") or {}, f"config_groups.{k}.weights",
+                       source) for k, g in groups.items()]
+    exclude = _patterns(qc.get("ignore"), "ignore", source)
     if fmt == "nvfp4-pack-quantized":
         for w in weights:
             if (w.get("num_bits"), w.get("type"), w.get("group_size")) != (4, "float", 16):
                 raise CheckpointError(f"nvfp4-pack-quantized group has unexpected weights spec {w}", file=source)
         return QuantScheme("compressed-tensors", fmt, naming=TensorNaming.COMPRESSED_TENSORS,
-                           default_format=WeightFormat.NVFP4, exclude=tuple(qc.get("ignore") or ()),
-                           source=str(source))
+                           default_format=WeightFormat.NVFP4, exclude=exclude, source=str(source))
     if fmt == "float-quantized":
         for w in weights:
             if (w.get("num_bits"), w.get("type")) != (8, "float") or w.get("strategy") not in ("tensor", "channel"):
                 raise CheckpointError(f"float-quantized group has unsupported weights spec {w}", file=source)
-        return QuantScheme("compressed-tensors", fmt, default_format=WeightFormat.FP8,
-                           exclude=tuple(qc.get("ignore") or ()), source=str(source))
+        return QuantScheme("compressed-tensors", fmt, default_format=WeightFormat.FP8, exclude=exclude,
+                           source=str(source))
     raise CheckpointError(
         f"unsupported compressed-tensors format {fmt!r}; anyfp4 reads 'nvfp4-pack-quantized' and 'float-quantized'",
         file=source,
     )
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"not valid JSON: {e}", file=path) from None
-    if not isinstance(data, dict):
-        raise CheckpointError("expected a JSON object", file=path)
-    return data
-
-
 def scheme_from_config(config: dict, source: str | Path = "quantization_config") -> QuantScheme:
     """A quantization description given as a dict: ModelOpt's ``hf_quant_config.json`` content, or a
     ``config.json`` ``quantization_config`` (ModelOpt or compressed-tensors). ``source`` names it in errors."""
     source = Path(source)
+    _object(config, "quantization_config", source)
     if isinstance(config.get("quantization"), dict):  # hf_quant_config.json
         return _parse_modelopt(config["quantization"], source, "exclude_modules")
     method = config.get("quant_method")
@@ -168,26 +185,47 @@ def scheme_from_config(config: dict, source: str | Path = "quantization_config")
     )
 
 
-def parse_quant_scheme(checkpoint_dir: str | Path) -> QuantScheme:
-    """Read the quantization description of a Hugging Face checkpoint directory.
-
-    ``hf_quant_config.json`` wins over ``config.json`` when both exist (it is ModelOpt's
-    own file); ``config.json``'s ``quantization_config`` is used otherwise.
-    """
+def quant_schemes(checkpoint_dir: str | Path) -> list[QuantScheme]:
+    """Every quantization description of a Hugging Face checkpoint directory, the one that wins first:
+    ``hf_quant_config.json`` (ModelOpt's own file), then ``config.json``'s ``quantization_config``;
+    a plain float scheme when there is neither."""
     root = Path(checkpoint_dir)
+    schemes = []
     hf_quant = root / HF_QUANT_CONFIG
-    if hf_quant.is_file():
-        data = _read_json(hf_quant)
-        quant = data.get("quantization")
+    if regular_file(hf_quant):
+        quant = read_json_object(hf_quant).get("quantization")
         if not isinstance(quant, dict):
             raise CheckpointError("missing the 'quantization' object", file=hf_quant)
-        return _parse_modelopt(quant, hf_quant, "exclude_modules")
+        schemes.append(_parse_modelopt(quant, hf_quant, "exclude_modules"))
     config = root / CONFIG
-    if not config.is_file():
+    if not regular_file(config):
         raise CheckpointError("not a Hugging Face checkpoint: no config.json", file=root)
-    qc = _read_json(config).get("quantization_config")
-    if qc is None:
-        return QuantScheme("none", "NONE", source=str(config))
-    if qc.get("quant_method") == "modelopt":
-        return _parse_modelopt(qc, config, "ignore")
-    return scheme_from_config(qc, config)
+    qc = read_json_object(config).get("quantization_config")
+    if qc is not None:
+        schemes.append(scheme_from_config(qc, config))
+    return schemes or [QuantScheme("none", "NONE", source=str(config))]
+
+
+def parse_quant_scheme(checkpoint_dir: str | Path) -> QuantScheme:
+    """The quantization description that wins (see ``quant_schemes``)."""
+    return quant_schemes(checkpoint_dir)[0]
+
+
+def _format_name(scheme: QuantScheme, fmt: WeightFormat) -> str:
+    if fmt is WeightFormat.NVFP4:
+        return f"NVFP4 ({scheme.naming.value} tensors)"
+    return "unquantized" if fmt is WeightFormat.NONE else fmt.name
+
+
+def check_schemes_agree(schemes: list[QuantScheme], modules: list[str]) -> None:
+    """Two quantization configs in one checkpoint must give every stored module the same format (and
+    NVFP4 tensor naming): otherwise which one a runner reads decides the numbers."""
+    first, *others = schemes
+    for other in others:
+        for module in modules:
+            a, b = first.format_of(module), other.format_of(module)
+            if a is not b or (a is WeightFormat.NVFP4 and first.naming is not other.naming):
+                raise CheckpointError(
+                    f"the quantization configs disagree: {Path(first.source).name} makes {module} "
+                    f"{_format_name(first, a)}, {Path(other.source).name}'s quantization_config makes it "
+                    f"{_format_name(other, b)}", file=other.source)

@@ -2,11 +2,11 @@
 
 Only headers are read up front (names, dtypes, shapes); a tensor's bytes are read when
 it is asked for, from a memory map, so a 70B checkpoint never sits in host memory at once.
+Shard files are opened only when they are regular files inside the checkpoint directory.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +14,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from .errors import CheckpointError
+from .files import inside, read_json_object, regular_file
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -55,10 +56,12 @@ class TensorIndex:
 
     def __init__(self, checkpoint_dir: str | Path):
         self.root = Path(checkpoint_dir)
-        self.files = self._shard_files()
+        if not self.root.is_dir():
+            raise CheckpointError("checkpoint directory does not exist", file=self.root)
+        expected = self._index_map()
+        self.files = self._shard_files(expected)
         self.infos: dict[str, TensorInfo] = {}
         self._handles: dict[Path, object] = {}
-        expected = self._index_map()
         for file in self.files:
             for info in self._read_header(file):
                 if info.name in self.infos:
@@ -72,33 +75,29 @@ class TensorIndex:
 
     def _index_map(self) -> dict[str, str] | None:
         path = self.root / INDEX_FILE
-        if not path.is_file():
+        if not regular_file(path):
             return None
-        try:
-            weight_map = json.loads(path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"malformed safetensors index ({e!r})", file=path) from None
-        if not isinstance(weight_map, dict):
+        weight_map = read_json_object(path).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError("'weight_map' must map tensor names to shard files", file=path)
+        for shard in weight_map.values():
+            inside(self.root, shard, path)
         return weight_map
 
-    def _shard_files(self) -> list[Path]:
-        if not self.root.is_dir():
-            raise CheckpointError("checkpoint directory does not exist", file=self.root)
-        weight_map = self._index_map()
+    def _shard_files(self, weight_map: dict[str, str] | None) -> list[Path]:
         if weight_map is not None:
             files = []
             for shard in dict.fromkeys(weight_map.values()):
                 path = self.root / shard
-                if not path.is_file():
+                if not regular_file(path):
                     example = next(n for n, s in weight_map.items() if s == shard)
                     raise CheckpointError(f"shard listed in {INDEX_FILE} is missing", file=path, tensor=example)
                 files.append(path)
             return files
         single = self.root / SINGLE_FILE
-        if single.is_file():
+        if regular_file(single):
             return [single]
-        found = sorted(self.root.glob("*.safetensors"))
+        found = sorted(p for p in self.root.glob("*.safetensors") if regular_file(p))
         if not found:
             raise CheckpointError("no safetensors weights found (model.safetensors or an index)", file=self.root)
         return found
@@ -106,17 +105,20 @@ class TensorIndex:
     def _read_header(self, file: Path) -> list[TensorInfo]:
         handle = self._open(file)
         infos = []
-        for name in handle.keys():
-            sl = handle.get_slice(name)
-            raw = sl.get_dtype()
-            infos.append(TensorInfo(name, file, SAFETENSORS_DTYPES.get(raw, raw), tuple(sl.get_shape())))
+        try:
+            for name in handle.keys():
+                sl = handle.get_slice(name)
+                raw = sl.get_dtype()
+                infos.append(TensorInfo(name, file, SAFETENSORS_DTYPES.get(raw, raw), tuple(sl.get_shape())))
+        except (SafetensorError, OSError, RuntimeError, ValueError, TypeError) as e:
+            raise CheckpointError(f"corrupt safetensors header: {e}", file=file) from None
         return infos
 
     def _open(self, file: Path):
         if file not in self._handles:
             try:
                 self._handles[file] = safe_open(str(file), framework="pt")
-            except (SafetensorError, OSError) as e:
+            except (SafetensorError, OSError, RuntimeError, ValueError) as e:
                 raise CheckpointError(f"corrupt or truncated safetensors file: {e}", file=file) from None
         return self._handles[file]
 
@@ -135,5 +137,5 @@ class TensorIndex:
             raise CheckpointError("tensor not found in the checkpoint", file=self.root, tensor=name)
         try:
             return self._open(info.file).get_tensor(name)
-        except (SafetensorError, OSError, RuntimeError) as e:
+        except (SafetensorError, OSError, RuntimeError, ValueError, TypeError) as e:
             raise CheckpointError(f"could not read tensor data: {e}", file=info.file, tensor=name) from None

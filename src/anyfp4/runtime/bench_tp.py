@@ -97,9 +97,9 @@ def bench_tp(spec: str, tp: int, device_type: str, dtype_name: str, prompt_len: 
         args = ModelArgs(**ARCHS[arch])
         RandomSource(fmt, "cpu", tied=args.tie_word_embeddings)  # refuses a bad format before spawning
     else:
-        from ..checkpoint.reader import CheckpointReader
+        from .plan import plan_checkpoint
 
-        args = ModelArgs.from_hf(CheckpointReader(spec).config)
+        args = plan_checkpoint(spec).args  # config and tensors agree, checked before spawning
     rank_args(args, tp)  # refuse uneven splits before spawning
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "bench.json")

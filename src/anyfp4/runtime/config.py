@@ -4,14 +4,80 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+from ..checkpoint.errors import CheckpointError
+
+# model_type -> the transformers classes whose computation the generic decoder reproduces.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
+SUPPORTED_MODEL_TYPES = set(ARCHITECTURES)
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok")
+FLOAT32_TINY = 2.0**-126  # the smallest normal float32: the RMSNorm epsilon is added in float32
 
 
-class UnsupportedModelError(ValueError):
-    pass
+class UnsupportedModelError(CheckpointError):
+    """A readable checkpoint of an architecture or feature the runner does not build."""
+
+
+_REQUIRED = object()
+
+
+class _Fields:
+    """Typed reads of config.json keys; every refusal names the key and the file."""
+
+    def __init__(self, config: dict, source: Path):
+        self.config, self.source = config, source
+
+    def fail(self, message: str) -> CheckpointError:
+        return CheckpointError(message, file=self.source)
+
+    def get(self, key: str, default=_REQUIRED):
+        value = self.config.get(key)
+        if value is None:
+            if default is _REQUIRED:
+                raise self.fail(f"missing {key!r}")
+            return default
+        return value
+
+    def int(self, key: str, default=_REQUIRED, minimum: int = 1, where: dict | None = None) -> int:
+        value = (where if where is not None else self.config).get(key)
+        if value is None and default is not _REQUIRED:
+            return default
+        if value is None:
+            raise self.fail(f"missing {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.fail(f"{key!r} must be an integer >= {minimum}, found {value!r}")
+        return value
+
+    def float(self, key: str, default=_REQUIRED, minimum: float = -math.inf, maximum: float = math.inf,
+              where: dict | None = None) -> float:
+        value = (where if where is not None else self.config).get(key)
+        if value is None and default is not _REQUIRED:
+            return default
+        if value is None:
+            raise self.fail(f"missing {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not minimum <= value <= maximum:
+            raise self.fail(f"{key!r} must be a number in [{minimum:g}, {maximum:g}], found {value!r}")
+        return float(value)
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(f"{key!r} must be true or false, found {value!r}")
+        return value
+
+    def object(self, key: str) -> dict:
+        value = self.config.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(f"{key!r} must be a JSON object or null, found {value!r}")
+        return value
 
 
 @dataclass(frozen=True)
@@ -29,7 +95,8 @@ class ModelArgs:
     rope_scaling: tuple = ()  # llama3: (factor, low_freq_factor, high_freq_factor, original_max_positions)
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # Qwen2: q/k/v carry biases
+    qkv_bias: bool = False  # Qwen2 always; Llama / Qwen3 with attention_bias
+    o_bias: bool = False  # Llama / Qwen3 with attention_bias
     qk_norm: bool = False  # Qwen3: RMSNorm on each head of q and k
 
     def __post_init__(self):
@@ -37,46 +104,113 @@ class ModelArgs:
             raise UnsupportedModelError(f"{self.num_heads} attention heads are not a multiple of "
                                         f"{self.num_kv_heads} key/value heads")
 
+    @property
+    def architecture(self) -> str:
+        """The transformers class this model computes as."""
+        return ARCHITECTURES[self.model_type]
+
     @classmethod
-    def from_hf(cls, config: dict) -> "ModelArgs":
+    def from_hf(cls, config: dict, source: str | Path = "config.json") -> "ModelArgs":
+        """The architecture of a Hugging Face ``config.json`` (``source`` names it in errors). Refuses
+        what the runner would not compute as transformers does: other model types or architectures,
+        mixtures of experts, MLP biases, sliding-window attention, RoPE types other than default / llama3."""
+        source = Path(source)
+        if not isinstance(config, dict):
+            raise CheckpointError(f"expected a JSON object, found {type(config).__name__}", file=source)
+        f = _Fields(config, source)
         model_type = config.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            archs = config.get("architectures")
+        archs = config.get("architectures")
+        if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} ({archs}) is not supported; anyfp4 runs "
-                f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))} decoders (Llama 1/2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM)")
-        if config.get("hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"hidden_act {config['hidden_act']!r} is not supported (SwiGLU with silu only)")
-        rope = dict(config.get("rope_parameters") or {})
-        legacy = config.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
-        theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
-        scaling: tuple = ()
-        if rope_type == "llama3":
-            p = {**legacy, **rope}
-            scaling = (float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"]),
-                       int(p["original_max_position_embeddings"]))
-        elif rope_type != "default":
-            raise UnsupportedModelError(f"RoPE type {rope_type!r} is not supported (default and llama3 are)")
-        heads = config["num_attention_heads"]
-        hidden = config["hidden_size"]
+                f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))} decoders (Llama 1/2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM)",
+                file=source)
+        _check_architecture(f, model_type, archs)
+        if f.get("hidden_act", "silu") != "silu":
+            raise UnsupportedModelError(f"hidden_act {config['hidden_act']!r} is not supported (SwiGLU with silu only)",
+                                        file=source)
+        if model_type == "llama" and f.bool("mlp_bias", False):
+            raise UnsupportedModelError("'mlp_bias' true (biases on the MLP projections) is not supported", file=source)
+        heads = f.int("num_attention_heads")
+        hidden = f.int("hidden_size")
+        kv_heads = f.int("num_key_value_heads", heads)
+        if heads % kv_heads:
+            raise UnsupportedModelError(f"'num_attention_heads' {heads} is not a multiple of 'num_key_value_heads' "
+                                        f"{kv_heads}", file=source)
+        head_dim = f.int("head_dim", hidden // heads, minimum=0)
+        if head_dim < 2 or head_dim % 2:
+            raise f.fail(f"head_dim {head_dim} ('head_dim' or hidden_size / num_attention_heads) must be even and "
+                         ">= 2 (rotary embeddings rotate pairs)")
+        attention_bias = f.bool("attention_bias", False)
         return cls(
             model_type=model_type,
-            vocab_size=config["vocab_size"],
+            vocab_size=f.int("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=config["intermediate_size"],
-            num_layers=config["num_hidden_layers"],
+            intermediate_size=f.int("intermediate_size"),
+            num_layers=f.int("num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or hidden // heads,
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
-            rope_scaling=scaling,
-            max_position_embeddings=config.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=f.float("rms_norm_eps", 1e-6, minimum=FLOAT32_TINY, maximum=1.0),
+            rope_theta=_rope_theta(f),
+            rope_scaling=_rope_scaling(f),
+            max_position_embeddings=_context(f, model_type),
+            tie_word_embeddings=f.bool("tie_word_embeddings", False),
+            qkv_bias=model_type == "qwen2" or (attention_bias and model_type != "mistral"),
+            o_bias=attention_bias and model_type in ("llama", "qwen3"),
             qk_norm=model_type == "qwen3",
         )
+
+
+def _check_architecture(f: _Fields, model_type: str, archs: object) -> None:
+    if archs is not None:
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise f.fail(f"'architectures' must be a list of class names, found {archs!r}")
+        other = [a for a in archs if a != ARCHITECTURES[model_type]]
+        if other:
+            raise UnsupportedModelError(
+                f"'architectures' {archs} does not match model_type {model_type!r}: anyfp4 would run it as "
+                f"{ARCHITECTURES[model_type]}", file=f.source)
+    experts = [k for k in MOE_KEYS if f.config.get(k) not in (None, 0, 1, False)]
+    if experts:
+        raise UnsupportedModelError(f"mixture-of-experts models ({experts[0]!r} = {f.config[experts[0]]!r}) are not "
+                                    "supported", file=f.source)
+
+
+def _rope_theta(f: _Fields) -> float:
+    """Real models use 10^4 to 10^7; below 1 the inverse frequencies would grow along the head."""
+    where = {"rope_theta": f.object("rope_parameters").get("rope_theta", f.config.get("rope_theta"))}
+    return f.float("rope_theta", 10000.0, minimum=1.0, maximum=1e300, where=where)
+
+
+def _rope_scaling(f: _Fields) -> tuple:
+    rope, legacy = f.object("rope_parameters"), f.object("rope_scaling")
+    rope_type = rope.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
+    if rope_type == "default":
+        return ()
+    if rope_type != "llama3":
+        raise UnsupportedModelError(f"RoPE type {rope_type!r} is not supported (default and llama3 are)",
+                                    file=f.source)
+    p = {**legacy, **rope}
+    factor = f.float("factor", minimum=1.0, maximum=1e30, where=p)
+    low = f.float("low_freq_factor", minimum=1e-30, maximum=1e30, where=p)
+    high = f.float("high_freq_factor", minimum=1e-30, maximum=1e30, where=p)
+    if not high > low:
+        raise f.fail(f"llama3 RoPE needs 'high_freq_factor' > 'low_freq_factor', found {high:g} <= {low:g}")
+    return factor, low, high, f.int("original_max_position_embeddings", where=p)
+
+
+def _context(f: _Fields, model_type: str) -> int:
+    """The longest sequence the decoder computes as transformers does: Mistral's sliding window caps it
+    (the runner attends to every cached token); Qwen's sliding window is refused."""
+    context = f.int("max_position_embeddings", 4096)
+    if model_type == "mistral":
+        window = f.int("sliding_window", context)
+        return min(context, window)
+    if model_type in ("qwen2", "qwen3") and f.bool("use_sliding_window", False):
+        raise UnsupportedModelError("'use_sliding_window' true (sliding-window attention) is not supported",
+                                    file=f.source)
+    return context
 
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:

@@ -134,6 +134,9 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
         generator = torch.Generator(device=device).manual_seed(params.seed)
     logits = model(tokens, torch.arange(longest, device=device), rope if padded else None,
                    valid if padded else None)
+    if not bool(torch.isfinite(logits[:, -1]).all()):  # once per call: NaN logits would decode to silence
+        raise ValueError("the model's logits after the prompt are NaN or Inf: its weights overflow the "
+                         f"activation dtype ({model.dtype}); try --dtype fp32 or check the checkpoint")
     next_pos = rope[:, -1] + 1
     step_fn = decode_step(model, compile_decode)
     out: list[list[int]] = [[] for _ in range(b)]

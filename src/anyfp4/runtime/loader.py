@@ -13,37 +13,11 @@ from torch import nn
 from tqdm import tqdm
 
 from ..checkpoint.errors import CheckpointError
-from ..checkpoint.quant_config import WeightFormat
 from ..checkpoint.reader import CheckpointReader
 from ..layers import DenseLinear, GatedMLP, fused_linear, make_linear
 from .config import ModelArgs
 from .model import Attention, Block, RMSNorm, Transformer
-
-
-def _weight(reader: CheckpointReader, name: str):
-    layer = reader.layer_by_name.get(name)
-    if layer is None:
-        raise CheckpointError(f"the model needs linear {name!r}, which the checkpoint does not hold",
-                              file=reader.root, tensor=f"{name}.weight")
-    if layer.format is WeightFormat.NVFP4:
-        return reader.load_nvfp4(layer), reader.load_bias(layer)
-    if layer.format is WeightFormat.FP8:
-        return reader.load_fp8(layer), reader.load_bias(layer)
-    return reader.load_dense(layer), reader.load_bias(layer)
-
-
-def _tensor(reader: CheckpointReader, name: str, device, dtype) -> torch.Tensor:
-    if name not in reader.index:
-        raise CheckpointError("tensor the model needs is missing", file=reader.root, tensor=name)
-    return reader.load(name).to(device=device, dtype=dtype)
-
-
-def _check_shape(reader: CheckpointReader, name: str, expected: tuple[int, int]) -> None:
-    layer = reader.layer_by_name[name]
-    if (layer.out_features, layer.in_features) != expected:
-        raise CheckpointError(f"{name} is {layer.out_features} x {layer.in_features} but config.json implies "
-                              f"{expected[0]} x {expected[1]}: checkpoint and config do not match",
-                              file=reader.root, tensor=f"{name}.weight")
+from .plan import ModelPlan, plan_checkpoint
 
 
 class WeightSource:
@@ -60,23 +34,29 @@ class WeightSource:
 
 
 class CheckpointSource(WeightSource):
-    def __init__(self, reader: CheckpointReader):
-        self.reader = reader
+    """Serves what ``plan`` (the consistency check of config and tensors) says the model reads, each
+    tensor's values checked as it is read; a request outside the plan is a bug in the builder."""
+
+    def __init__(self, plan: ModelPlan):
+        self.plan, self.reader = plan, plan.reader
+        self.unread = set(plan.linears) | set(plan.tensors)
+
+    def _planned(self, name: str, planned: tuple, asked: tuple) -> None:
+        if planned != asked:
+            raise RuntimeError(f"the model builder asked for {name} as {asked}, the plan has {planned}")
+        self.unread.discard(name)
 
     def linear(self, name, out_features, in_features):
-        weight = _weight(self.reader, name)
-        _check_shape(self.reader, name, (out_features, in_features))
-        return weight
+        want = self.plan.linears.get(name)
+        self._planned(name, (want.out_features, want.in_features) if want else None, (out_features, in_features))
+        return self.reader.load_layer(self.reader.layer_by_name[name], with_bias=want.bias)
 
     def tensor(self, name, shape, device, dtype):
-        t = _tensor(self.reader, name, device, dtype)
-        if tuple(t.shape) != tuple(shape):
-            raise CheckpointError(f"shape {tuple(t.shape)}, config.json implies {tuple(shape)}",
-                                  file=self.reader.root, tensor=name)
-        return t
+        self._planned(name, self.plan.tensors.get(name), tuple(shape))
+        return self.reader.load_float(name).to(device=device, dtype=dtype)
 
     def has_linear(self, name):
-        return name in self.reader.layer_by_name
+        return name in self.plan.linears
 
 
 def _block(src: WeightSource, args: ModelArgs, i: int, device, dtype) -> Block:
@@ -120,16 +100,25 @@ def build_model(args: ModelArgs, src: WeightSource, device, dtype, progress: boo
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
                progress: bool = True) -> tuple[Transformer, CheckpointReader]:
     """The decoder for the checkpoint at ``path``, on ``device`` with activations in ``dtype``."""
-    reader = CheckpointReader(path)
-    args = ModelArgs.from_hf(reader.config)
+    plan = plan_checkpoint(path)
+    return load_planned(plan, device, dtype, progress), plan.reader
+
+
+def load_planned(plan: ModelPlan, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
+                 progress: bool = True) -> Transformer:
+    """The decoder ``plan`` describes (config and tensors already checked against each other)."""
+    src = CheckpointSource(plan)
     try:
-        model = build_model(args, CheckpointSource(reader), torch.device(device), dtype, progress)
+        model = build_model(plan.args, src, torch.device(device), dtype, progress)
     except torch.cuda.OutOfMemoryError:
-        need = sum(reader.index[n].nbytes for n in reader.index.names())
+        index = plan.reader.index
+        need = sum(index[n].nbytes for n in index.names())
         dev = torch.device(device)
         free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" and torch.cuda.is_available() else 0
         raise MemoryError(
-            f"out of GPU memory while loading {path}: its weights take {need / 1024**3:.1f} GiB on disk and "
-            f"{free / 1024**3:.1f} GiB are free now on {device}; free the GPU, use a smaller checkpoint, "
+            f"out of GPU memory while loading {plan.reader.root}: its weights take {need / 1024**3:.1f} GiB on disk "
+            f"and {free / 1024**3:.1f} GiB are free now on {device}; free the GPU, use a smaller checkpoint, "
             "or load on another device") from None
-    return model, reader
+    if src.unread:
+        raise RuntimeError(f"the model builder did not read {sorted(src.unread)[:3]}, which the plan has")
+    return model

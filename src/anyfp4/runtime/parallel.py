@@ -259,12 +259,11 @@ def wrap_row_parallel(model: nn.Module, tp: int) -> None:
 
 def load_model_tp(path, device, dtype, rank: int, tp: int, progress: bool = False):
     """This rank's shard of the checkpoint at ``path`` (the process group must be initialised)."""
-    from ..checkpoint.reader import CheckpointReader
     from .loader import CheckpointSource
+    from .plan import plan_checkpoint
 
-    reader = CheckpointReader(path)
-    return build_model_tp(ModelArgs.from_hf(reader.config), CheckpointSource(reader), device, dtype, rank, tp,
-                          progress and rank == 0)
+    plan = plan_checkpoint(path)
+    return build_model_tp(plan.args, CheckpointSource(plan), device, dtype, rank, tp, progress and rank == 0)
 
 
 def build_model_tp(args: ModelArgs, src: WeightSource, device, dtype, rank: int, tp: int, progress: bool = False):
@@ -354,11 +353,11 @@ def generate_tp(path, prompts: list, params, tp: int, device_type: str = "cpu", 
 
     import torch.multiprocessing as mp
 
-    from ..checkpoint.reader import CheckpointReader
+    from .plan import plan_checkpoint
 
     if device_type == "cuda" and torch.cuda.device_count() < tp:
         raise ValueError(f"--tp {tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
-    rank_args(ModelArgs.from_hf(CheckpointReader(path).config), tp)  # refuse uneven splits before spawning
+    rank_args(plan_checkpoint(path).args, tp)  # a consistent checkpoint, split evenly: checked before spawning
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "tokens.json")
         mp.spawn(generate_worker, args=(tp, str(path), prompts, params, device_type, dtype_name, port, result),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -10,9 +9,14 @@ from typing import TextIO
 
 import torch
 
+from ..checkpoint.errors import CheckpointError
+from ..checkpoint.files import check_entries, read_json_object, regular_file
 from .generate import SamplingParams, generate
-from .loader import load_model
+from .loader import load_planned
 from .model import Transformer
+from .plan import plan_checkpoint
+
+GENERATION_CONFIG = "generation_config.json"
 
 
 def pick_device(name: str) -> torch.device:
@@ -33,14 +37,38 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if major >= 8 else torch.float16
 
 
+def load_tokenizer(path: str | Path, vocab_size: int | None = None):
+    """The checkpoint's tokenizer, refused with a one-line ``CheckpointError`` when it is missing, corrupt or
+    unloadable, or when it has more tokens than the model's ``vocab_size`` (their ids would index past the
+    embeddings). Checked before the weights are loaded."""
+    from transformers import AutoTokenizer
+
+    root = Path(path)
+    check_entries(root)  # a FIFO or a link loop among the tokenizer's files would hang or fail inside transformers
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(root), local_files_only=True)
+    except Exception as e:  # transformers raises many types (OSError, ValueError, JSONDecodeError, ...)
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(f"cannot load the tokenizer: {type(e).__name__}: {first_line}", file=root) from None
+    if vocab_size is not None and len(tokenizer) > vocab_size:
+        raise CheckpointError(f"the tokenizer has {len(tokenizer)} tokens but config.json 'vocab_size' is "
+                              f"{vocab_size}: token ids past it have no embedding", file=root)
+    return tokenizer
+
+
 def checkpoint_stop_ids(path: Path, tokenizer) -> tuple[int, ...]:
+    """The tokenizer's EOS and ``generation_config.json``'s ``eos_token_id`` (an id or a list of ids)."""
     ids = set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
-    gen = path / "generation_config.json"
-    if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids.update(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
+    gen = Path(path) / GENERATION_CONFIG
+    if regular_file(gen):
+        eos = read_json_object(gen).get("eos_token_id")
+        listed = eos if isinstance(eos, list) else [eos]
+        if eos is not None and not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in listed):
+            raise CheckpointError(f"'eos_token_id' must be a token id or a list of token ids, found {eos!r}",
+                                  file=gen)
+        ids.update(e for e in listed if e is not None)
     return tuple(sorted(ids))
 
 
@@ -65,12 +93,12 @@ class Session:
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", dtype: str = "auto", progress: bool = True,
              compile_decode: bool = False) -> "Session":
-        from transformers import AutoTokenizer
-
         dev = pick_device(device)
-        model, _ = load_model(path, dev, pick_dtype(dtype, dev), progress=progress)
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        return cls(model, tokenizer, checkpoint_stop_ids(Path(path), tokenizer), compile_decode)
+        plan = plan_checkpoint(path)  # config against tensors, from the headers: nothing loaded yet
+        tokenizer = load_tokenizer(path, plan.args.vocab_size)
+        stops = checkpoint_stop_ids(Path(path), tokenizer)
+        model = load_planned(plan, dev, pick_dtype(dtype, dev), progress=progress)
+        return cls(model, tokenizer, stops, compile_decode)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         return encode_chat(self.tokenizer, messages)

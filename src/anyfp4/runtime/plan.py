@@ -1,0 +1,178 @@
+"""What the runner builds from a checkpoint, checked against what the checkpoint stores — before any
+weight is read. ``anyfp4 inspect`` and the loader share this one check, so inspect calls "valid"
+exactly what ``generate`` runs, and says which architecture it runs it as.
+
+From config.json (``ModelArgs``) follow every linear the decoder reads, with its shape and whether it
+has a bias, and every other tensor (embeddings, norms) with its shape. The checkpoint must store
+exactly those: the decoder layers 0 .. num_hidden_layers-1 and no more, each linear with the config's
+shape, biases where the architecture has them and nowhere else, the norms, an ``lm_head`` unless the
+embeddings are tied (and not as well), and no other tensor (a stored tensor the runner would not read
+means config and weights describe different models: a MoE's experts, an extra layer, a bias).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+from ..checkpoint.errors import CheckpointError
+from ..checkpoint.layers import FLOAT_DTYPES, IGNORED_SUFFIXES, LayerSpec
+from ..checkpoint.reader import CheckpointReader
+from .config import ModelArgs
+
+EMBEDDING = "model.embed_tokens.weight"
+FINAL_NORM = "model.norm.weight"
+LM_HEAD = "lm_head"
+# Stored tensors no decoder reads: KV-cache / activation scales, old exports' RoPE buffers.
+UNREAD_SUFFIXES = IGNORED_SUFFIXES + ("inv_freq",)
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    out_features: int
+    in_features: int
+    bias: bool
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    reader: CheckpointReader
+    args: ModelArgs
+    linears: Mapping[str, LinearPlan]  # module name -> shape and bias, as the builder asks for them
+    tensors: Mapping[str, tuple[int, ...]]  # embedding and norms: name -> shape
+
+    @property
+    def architecture(self) -> str:
+        return self.args.architecture
+
+    @property
+    def tied_head(self) -> bool:
+        return LM_HEAD not in self.linears
+
+    def layers(self) -> list[LayerSpec]:
+        return [self.reader.layer_by_name[name] for name in self.linears]
+
+
+def block_linears(args: ModelArgs, i: int) -> dict[str, LinearPlan]:
+    p, h, hd = f"model.layers.{i}.", args.hidden_size, args.head_dim
+    q, kv, inter = args.num_heads * hd, args.num_kv_heads * hd, args.intermediate_size
+    return {
+        f"{p}self_attn.q_proj": LinearPlan(q, h, args.qkv_bias),
+        f"{p}self_attn.k_proj": LinearPlan(kv, h, args.qkv_bias),
+        f"{p}self_attn.v_proj": LinearPlan(kv, h, args.qkv_bias),
+        f"{p}self_attn.o_proj": LinearPlan(h, q, args.o_bias),
+        f"{p}mlp.gate_proj": LinearPlan(inter, h, False),
+        f"{p}mlp.up_proj": LinearPlan(inter, h, False),
+        f"{p}mlp.down_proj": LinearPlan(h, inter, False),
+    }
+
+
+def block_tensors(args: ModelArgs, i: int) -> dict[str, tuple[int, ...]]:
+    p, h = f"model.layers.{i}.", args.hidden_size
+    out = {f"{p}input_layernorm.weight": (h,), f"{p}post_attention_layernorm.weight": (h,)}
+    if args.qk_norm:
+        out.update({f"{p}self_attn.q_norm.weight": (args.head_dim,), f"{p}self_attn.k_norm.weight": (args.head_dim,)})
+    return out
+
+
+def model_needs(args: ModelArgs, untied_head: bool) -> tuple[dict[str, LinearPlan], dict[str, tuple[int, ...]]]:
+    """Every linear and every other tensor the decoder for ``args`` reads, in the order it reads them."""
+    linears: dict[str, LinearPlan] = {}
+    tensors: dict[str, tuple[int, ...]] = {EMBEDDING: (args.vocab_size, args.hidden_size)}
+    for i in range(args.num_layers):
+        linears.update(block_linears(args, i))
+        tensors.update(block_tensors(args, i))
+    tensors[FINAL_NORM] = (args.hidden_size,)
+    if untied_head:
+        linears[LM_HEAD] = LinearPlan(args.vocab_size, args.hidden_size, False)
+    return linears, tensors
+
+
+def _check_layer_count(reader: CheckpointReader, args: ModelArgs) -> None:
+    stored = sorted({int(m.group(1)) for n in reader.index.names() if (m := _LAYER.match(n))})
+    if stored != list(range(args.num_layers)):
+        held = f"decoder layers {stored[0]}-{stored[-1]} ({len(stored)} of them)" if stored else "no decoder layers"
+        raise CheckpointError(f"'num_hidden_layers' is {args.num_layers} but the weights hold {held}: config.json "
+                              "and the weights describe different models", file=reader.config_file)
+
+
+def _check_head(reader: CheckpointReader, args: ModelArgs) -> None:
+    stored = LM_HEAD in reader.layer_by_name
+    if args.tie_word_embeddings and stored:
+        raise CheckpointError("'tie_word_embeddings' is true but lm_head is stored too: config.json and the weights "
+                              "disagree on the output head", file=reader.config_file, tensor=f"{LM_HEAD}.weight")
+    if not args.tie_word_embeddings and not stored:
+        raise CheckpointError("'tie_word_embeddings' is false but no lm_head is stored", file=reader.config_file,
+                              tensor=f"{LM_HEAD}.weight")
+
+
+def _check_linear(reader: CheckpointReader, args: ModelArgs, name: str, want: LinearPlan) -> LayerSpec:
+    layer = reader.layer_by_name.get(name)
+    if layer is None:
+        odd = next((n for n in (f"{name}.weight", f"{name}.weight_packed") if n in reader.index), None)
+        if odd is not None:
+            shape = list(reader.index[odd].shape)
+            raise CheckpointError(f"linear {name} must store a 2-D weight, found {shape}", file=reader.index[odd].file,
+                                  tensor=odd)
+        raise CheckpointError(f"the model needs linear {name!r}, which the checkpoint does not hold",
+                              file=reader.root, tensor=f"{name}.weight")
+    got = (layer.out_features, layer.in_features)
+    if got != (want.out_features, want.in_features):
+        raise CheckpointError(f"{name} is {got[0]} x {got[1]} but config.json implies {want.out_features} x "
+                              f"{want.in_features}: checkpoint and config do not match", file=reader.root,
+                              tensor=next(iter(layer.tensors.values())))
+    if layer.has_bias != want.bias:
+        raise CheckpointError(f"{name} {'stores a bias' if layer.has_bias else 'has no stored bias'} but "
+                              f"{_bias_rule(args, name, want.bias)}", file=reader.config_file, tensor=f"{name}.bias")
+    return layer
+
+
+def _bias_rule(args: ModelArgs, name: str, bias: bool) -> str:
+    if ".self_attn." in name and args.model_type in ("llama", "qwen3"):
+        return f"'attention_bias' is {'true' if bias else 'false'}"
+    return f"{args.architecture} has {'a bias' if bias else 'none'} there"
+
+
+def _check_tensor(reader: CheckpointReader, name: str, shape: tuple[int, ...]) -> None:
+    if name not in reader.index:
+        raise CheckpointError("tensor the model needs is missing", file=reader.root, tensor=name)
+    info = reader.index[name]
+    if info.dtype not in FLOAT_DTYPES:
+        raise CheckpointError(f"must be a float tensor (bf16, fp16 or fp32; a quantized embedding or norm is not "
+                              f"read), found {info.dtype}", file=info.file, tensor=name)
+    if info.shape != shape:
+        raise CheckpointError(f"shape {list(info.shape)}, config.json implies {list(shape)}", file=info.file,
+                              tensor=name)
+
+
+def _check_nothing_else(reader: CheckpointReader, read: set[str]) -> None:
+    extra = [n for n in reader.index.names() if n not in read and not n.endswith(UNREAD_SUFFIXES)]
+    if extra:
+        raise CheckpointError(f"{len(extra)} stored tensor(s) that the model for config.json would not read, e.g. "
+                              f"{extra[:3]}: config.json and the weights describe different models",
+                              file=reader.root, tensor=extra[0])
+
+
+def plan_model(reader: CheckpointReader) -> ModelPlan:
+    """The model the runner builds for ``reader``'s checkpoint, refused (``CheckpointError`` /
+    ``UnsupportedModelError``) unless its config and tensors agree. Reads headers only."""
+    args = ModelArgs.from_hf(reader.config, reader.config_file)
+    _check_layer_count(reader, args)
+    _check_head(reader, args)
+    linears, tensors = model_needs(args, untied_head=not args.tie_word_embeddings)
+    read: set[str] = set()
+    for name, want in linears.items():
+        read.update(_check_linear(reader, args, name, want).tensors.values())
+    for name, shape in tensors.items():
+        _check_tensor(reader, name, shape)
+        read.add(name)
+    _check_nothing_else(reader, read)
+    return ModelPlan(reader, args, MappingProxyType(linears), MappingProxyType(tensors))
+
+
+def plan_checkpoint(path: str | Path) -> ModelPlan:
+    return plan_model(CheckpointReader(path))
