@@ -238,3 +238,39 @@ def hard_timeout(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+def write_tokenizer(path: Path, vocab_size: int = 128, chat_template: str | None = CHAT_TEMPLATE,
+                    eos: bool = True) -> Path:
+    """A character-level tokenizer over ``vocab_size`` ids (printable ASCII, the rest filler tokens), so that
+    the tiny checkpoints run through the whole command line; ``eos=False``: no end-of-sequence token."""
+    from tokenizers import Tokenizer, decoders, models
+
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate(specials + [chr(c) for c in range(32, 127)])}
+    vocab.update({f"<x{i}>": i for i in range(len(vocab), vocab_size)})
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.save(str(path / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "unk_token": "<unk>",
+              "model_max_length": 256}
+    if eos:
+        config["eos_token"] = "</s>"
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+def write_runnable_checkpoint(path: Path, config: dict | None = None, stop_tokens: bool = True, **tokenizer) -> Path:
+    """A tiny float checkpoint with a tokenizer: ``anyfp4 generate`` / ``chat`` run on it end to end;
+    ``stop_tokens=False``: no EOS anywhere, so generation runs to ``--max-tokens``."""
+    write_float_checkpoint(path, config)
+    write_tokenizer(path, eos=stop_tokens, **tokenizer)
+    if not stop_tokens:
+        (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 1}))
+    return path

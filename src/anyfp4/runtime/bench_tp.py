@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .bench import bench_model
-from .parallel import all_reduce_sum, init_process_group, load_model_tp, rank_args, run_rank
+from .parallel import all_reduce_sum, init_process_group, load_model_tp, rank_args, run_rank, spawn_ranks
 
 
 def _allreduce_seconds(x: torch.Tensor, peer, reps: int = 64) -> float:
@@ -82,20 +82,15 @@ def bench_worker(rank: int, tp: int, spec: str, device_type: str, dtype_name: st
 def bench_tp(spec: str, tp: int, device_type: str, dtype_name: str, prompt_len: int, gen_len: int, batch: int,
              port: int = 29519) -> dict:
     """Run the tensor-parallel bench of a checkpoint directory or ``random:ARCH:FORMAT``; rank 0's report."""
-    import torch.multiprocessing as mp
-
     if device_type == "cuda" and torch.cuda.device_count() < tp:
         raise ValueError(f"--tp {tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
     from .config import ModelArgs
 
     if spec.startswith("random:"):
-        from .random_model import ARCHS, RandomSource
+        from .random_model import random_args
 
         _, arch, fmt = spec.split(":")
-        if arch not in ARCHS:
-            raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
-        args = ModelArgs(**ARCHS[arch])
-        RandomSource(fmt, "cpu", tied=args.tie_word_embeddings)  # refuses a bad format before spawning
+        args = random_args(arch, fmt)  # refuses an unknown architecture or a bad format before spawning
     else:
         from .plan import plan_checkpoint
 
@@ -103,7 +98,6 @@ def bench_tp(spec: str, tp: int, device_type: str, dtype_name: str, prompt_len: 
     rank_args(args, tp)  # refuse uneven splits before spawning
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "bench.json")
-        mp.spawn(bench_worker, args=(tp, spec, device_type, dtype_name, prompt_len, gen_len, batch, port, result),
-                 nprocs=tp, join=True)
+        spawn_ranks(bench_worker, (tp, spec, device_type, dtype_name, prompt_len, gen_len, batch, port, result), tp)
         with open(result) as f:
             return json.load(f)

@@ -70,6 +70,17 @@ def cache_slots(prompt_len: int, max_new_tokens: int, limit: int) -> int:
     return min(prompt_len + max_new_tokens + MAX_DRAFT_TOKENS + 1, limit)
 
 
+def check_context(prompt_len: int, max_new_tokens: int, context: int, draft_tokens: int = 0) -> None:
+    """Refuse a generation that would run past the model's context: the prompt, the new tokens and, when
+    decoding speculatively with ``draft_tokens`` drafts, the verify pass's room past the last token.
+    Callers can check before any weights are loaded (only the prompt's length and the config are needed)."""
+    room = draft_tokens + 1 if draft_tokens else 0
+    if prompt_len + max_new_tokens + room > context:
+        extra = f" + {room} for speculation" if room else ""
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}){extra} exceeds the "
+                         f"model's context of {context} tokens")
+
+
 _COMPILED: "weakref.WeakKeyDictionary[Transformer, Callable]" = weakref.WeakKeyDictionary()
 
 
@@ -115,11 +126,8 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
         raise ValueError("every prompt needs at least one token")
     device = model.device
     b, longest = len(prompts), max(len(p) for p in prompts)
-    total = longest + params.max_new_tokens
     limit = model.args.max_position_embeddings
-    if total > limit:
-        raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the model's "
-                         f"context of {limit} tokens")
+    check_context(longest, params.max_new_tokens, limit)
     slots = cache_slots(longest, params.max_new_tokens, limit)
     model.setup_caches(b, slots)
     tokens = torch.zeros(b, longest, dtype=torch.long, device=device)

@@ -283,6 +283,13 @@ def build_model_tp(args: ModelArgs, src: WeightSource, device, dtype, rank: int,
 
 
 def init_process_group(rank: int, tp: int, device_type: str, port: int) -> None:
+    import threading
+
+    from tqdm import tqdm
+
+    # tqdm's default lock is a multiprocessing semaphore, which a rank leaving through os._exit (run_rank)
+    # never releases: the resource tracker then warns about leaked semaphores when the run ends.
+    tqdm.set_lock(threading.RLock())
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
     backend = "nccl" if device_type == "cuda" else "gloo"
@@ -323,6 +330,38 @@ def run_rank(work, *args) -> None:
     os._exit(0)
 
 
+def spawn_ranks(worker, args: tuple, tp: int) -> None:
+    """Run ``worker(rank, *args)`` in ``tp`` processes and wait for them.
+
+    Interrupts belong to this process: a Ctrl-C reaches the whole process group, so the ranks start with
+    SIGINT ignored (inherited, in effect before their interpreter starts) and this process, stopped by the
+    interrupt or by SIGTERM, terminates them. No rank outlives it and none prints a traceback of its own."""
+    import signal
+    import threading
+
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    in_main_thread = threading.current_thread() is threading.main_thread()  # where signal handlers are set
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
+    try:
+        ranks = mp.spawn(worker, args=args, nprocs=tp, join=False)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
+    try:
+        while not ranks.join():
+            pass
+    except ProcessException as e:
+        raise RuntimeError(f"tensor-parallel {e} (its error is printed above)") from e
+    finally:
+        for process in ranks.processes:
+            if process.is_alive():
+                process.terminate()
+        for process in ranks.processes:
+            process.join()
+
+
 def generate_worker(rank: int, tp: int, path: str, prompts: list, params, device_type: str, dtype_name: str,
                     port: int, result_file: str) -> None:
     """One rank of ``generate_tp``: load the shard, generate (every rank takes the same greedy or
@@ -351,8 +390,6 @@ def generate_tp(path, prompts: list, params, tp: int, device_type: str = "cpu", 
     import json
     import tempfile
 
-    import torch.multiprocessing as mp
-
     from .plan import plan_checkpoint
 
     if device_type == "cuda" and torch.cuda.device_count() < tp:
@@ -360,7 +397,6 @@ def generate_tp(path, prompts: list, params, tp: int, device_type: str = "cpu", 
     rank_args(plan_checkpoint(path).args, tp)  # a consistent checkpoint, split evenly: checked before spawning
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "tokens.json")
-        mp.spawn(generate_worker, args=(tp, str(path), prompts, params, device_type, dtype_name, port, result),
-                 nprocs=tp, join=True)
+        spawn_ranks(generate_worker, (tp, str(path), prompts, params, device_type, dtype_name, port, result), tp)
         with open(result) as f:
             return json.load(f)

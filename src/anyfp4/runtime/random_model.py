@@ -32,19 +32,33 @@ FORMATS = ("nvfp4", "fp8", "mixed", "bf16")
 QUANTIZED_HEAD = "+lm_head"  # format suffix: the lm_head quantized too (NVFP4 for mixed)
 
 
+def check_random_format(fmt: str, tied: bool) -> str:
+    """``fmt`` without its ``+lm_head`` suffix; a ValueError for a format random weights do not come in."""
+    base = fmt.removesuffix(QUANTIZED_HEAD)
+    if base not in FORMATS:
+        raise ValueError(f"random weights come as {', '.join(FORMATS)} (optionally {QUANTIZED_HEAD}), not {fmt!r}")
+    if base != fmt and (base == "bf16" or tied):
+        raise ValueError(f"{fmt!r}: " + ("a bf16 model has no quantized lm_head" if base == "bf16" else
+                                         "this architecture ties its lm_head to the embeddings"))
+    return base
+
+
+def random_args(arch: str, fmt: str) -> ModelArgs:
+    """The shape of ``arch`` with ``fmt`` checked against it, before any weights are made."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+    args = ModelArgs(**ARCHS[arch])
+    check_random_format(fmt, args.tie_word_embeddings)
+    return args
+
+
 class RandomSource(WeightSource):
     """``fmt``: one of ``FORMATS``, the lm_head bf16 (as ModelOpt exports keep it), or with the suffix
     ``+lm_head`` quantized like the rest (as ``anyfp4 quantize --no-default-exclude`` writes it)."""
 
     def __init__(self, fmt: str, device, seed: int = 0, tied: bool = False):
-        base = fmt.removesuffix(QUANTIZED_HEAD)
-        if base not in FORMATS:
-            raise ValueError(f"random weights come as {', '.join(FORMATS)} (optionally {QUANTIZED_HEAD}), "
-                             f"not {fmt!r}")
+        base = check_random_format(fmt, tied)
         self.quantized_head = base != fmt
-        if self.quantized_head and (base == "bf16" or tied):
-            raise ValueError(f"{fmt!r}: " + ("a bf16 model has no quantized lm_head" if base == "bf16" else
-                                             "this architecture ties its lm_head to the embeddings"))
         self.fmt, self.device, self.tied = base, torch.device(device), tied
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
 
@@ -87,9 +101,7 @@ def random_model(arch: str, fmt: str, device, dtype, seed: int = 0, progress: bo
                  tp: int = 1):
     """A model of ``arch``'s shape with random ``fmt`` weights made on ``device``; with ``tp`` > 1 rank
     ``rank``'s shard of it (every rank draws the same full tensors and keeps its slice)."""
-    if arch not in ARCHS:
-        raise SystemExit(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
-    args = ModelArgs(**ARCHS[arch])
+    args = random_args(arch, fmt)
     src = RandomSource(fmt, device, seed, tied=args.tie_word_embeddings)
     if tp > 1:
         from .parallel import build_model_tp

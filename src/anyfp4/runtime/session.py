@@ -1,4 +1,5 @@
-"""A loaded model with its tokenizer: prompts and chat messages in, streamed text out."""
+"""A checkpoint opened for generation: its config and tokenizer first, then its weights; prompts and chat
+messages in, streamed text out."""
 
 from __future__ import annotations
 
@@ -11,20 +12,31 @@ import torch
 
 from ..checkpoint.errors import CheckpointError
 from ..checkpoint.files import check_entries, read_json_object, regular_file
-from .generate import SamplingParams, generate
+from .config import ModelArgs
+from .generate import SamplingParams, check_context, generate
 from .loader import load_planned
 from .model import Transformer
-from .plan import plan_checkpoint
+from .plan import ModelPlan, plan_checkpoint
+from .rate_line import RateLine
 
 GENERATION_CONFIG = "generation_config.json"
 
 
 def pick_device(name: str) -> torch.device:
+    """``auto`` (a CUDA GPU if there is one, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; a ValueError
+    for a device this machine does not have."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}: give auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {name!r}: anyfp4 runs on cpu or cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda was asked for, but no CUDA GPU is available")
+        raise ValueError(f"device {name!r} was asked for, but no CUDA GPU is available")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
     return device
 
 
@@ -75,30 +87,47 @@ def checkpoint_stop_ids(path: Path, tokenizer) -> tuple[int, ...]:
 def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of ``messages`` through the tokenizer's chat template, ready for the reply."""
     if getattr(tokenizer, "chat_template", None) is None:
-        raise SystemExit("this checkpoint's tokenizer has no chat template; use `anyfp4 generate` with a raw prompt")
+        raise ValueError("this checkpoint's tokenizer has no chat template; use `anyfp4 generate` with a raw prompt")
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
 @dataclass
 class Session:
-    model: Transformer
+    """A checkpoint's tokenizer and config (``open``), then its weights (``load_weights``): prompts can be
+    encoded and checked against the context before the weights are read."""
+
+    path: Path
+    args: ModelArgs
     tokenizer: object
     stop_token_ids: tuple[int, ...]
+    plan: ModelPlan | None = None  # config against tensors, from the headers (open); the loader builds from it
+    model: Transformer | None = None
     compile_decode: bool = False
     draft_tokens: int = 0  # > 0: a single prompt is decoded speculatively with this many drafts per step
     draft_model: Transformer | None = None  # None: prompt-lookup drafts
     last_stats: object = None  # the SpecStats of the last speculative reply
 
     @classmethod
+    def open(cls, path: str | Path, compile_decode: bool = False) -> "Session":
+        """The config checked against the stored tensors (an unsupported or inconsistent checkpoint is refused
+        here) and the tokenizer; no weights yet."""
+        path = Path(path)
+        plan = plan_checkpoint(path)
+        tokenizer = load_tokenizer(path, plan.args.vocab_size)
+        return cls(path, plan.args, tokenizer, checkpoint_stop_ids(path, tokenizer), plan=plan,
+                   compile_decode=compile_decode)
+
+    def load_weights(self, device: str | torch.device = "auto", dtype: str = "auto",
+                     progress: bool = True) -> "Session":
+        dev = device if isinstance(device, torch.device) else pick_device(device)
+        self.model = load_planned(self.plan, dev, pick_dtype(dtype, dev), progress=progress)
+        return self
+
+    @classmethod
     def load(cls, path: str | Path, device: str = "auto", dtype: str = "auto", progress: bool = True,
              compile_decode: bool = False) -> "Session":
-        dev = pick_device(device)
-        plan = plan_checkpoint(path)  # config against tensors, from the headers: nothing loaded yet
-        tokenizer = load_tokenizer(path, plan.args.vocab_size)
-        stops = checkpoint_stop_ids(Path(path), tokenizer)
-        model = load_planned(plan, dev, pick_dtype(dtype, dev), progress=progress)
-        return cls(model, tokenizer, stops, compile_decode)
+        return cls.open(path, compile_decode).load_weights(device, dtype, progress)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         return encode_chat(self.tokenizer, messages)
@@ -106,9 +135,21 @@ class Session:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text)["input_ids"]
 
-    def complete(self, prompts: list[list[int]], params: SamplingParams, stream: TextIO | None = None) -> list[str]:
-        """Generate for each prompt; with ``stream`` (one prompt only) print text as it is produced."""
+    def check_fits(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        """A ValueError when a prompt would run past the model's context (or is empty), before any work."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        draft_tokens = self.draft_tokens if len(prompts) == 1 else 0
+        check_context(max(len(p) for p in prompts), params.max_new_tokens, self.args.max_position_embeddings,
+                      draft_tokens)
+
+    def complete(self, prompts: list[list[int]], params: SamplingParams, stream: TextIO | None = None,
+                 status: TextIO | None = None) -> list[str]:
+        """Generate for each prompt; with ``stream`` (one prompt only) print text as it is produced; on a
+        terminal ``status`` (stderr) shows the tokens so far and their rate while they come."""
         params = replace(params, stop_token_ids=params.stop_token_ids or self.stop_token_ids)
+        streaming = stream is not None and len(prompts) == 1
+        rate = RateLine(status, stream if streaming else None)
         shown = [""]
         produced: list[int] = []
 
@@ -116,40 +157,88 @@ class Session:
             produced.extend(new)
             text = self.tokenizer.decode([t for t in produced if t not in params.stop_token_ids],
                                          skip_special_tokens=True)
+            rate.before_text()
             stream.write(text[len(shown[0]):])
             stream.flush()
+            rate.after_text(text[len(shown[0]):])
             shown[0] = text
+            rate.add(len(new))
 
-        streaming = stream is not None and len(prompts) == 1
-        if self.draft_tokens and len(prompts) == 1:
-            from .speculative import generate_speculative
+        def count(step: list[int]) -> None:
+            rate.add(len(step))
 
-            tokens, self.last_stats = generate_speculative(self.model, prompts[0], params, self.draft_tokens,
-                                                           self.draft_model, show if streaming else None)
-            out = [tokens]
-        else:
-            out = generate(self.model, prompts, params, (lambda step: show(step[:1])) if streaming else None,
-                           compile_decode=self.compile_decode)
-        if stream is not None and len(prompts) == 1:
-            stream.write("\n")
+        on_tokens = show if streaming else count
+        try:
+            if self.draft_tokens and len(prompts) == 1:
+                from .speculative import generate_speculative
+
+                tokens, self.last_stats = generate_speculative(self.model, prompts[0], params, self.draft_tokens,
+                                                               self.draft_model, on_tokens)
+                out = [tokens]
+            else:
+                out = generate(self.model, prompts, params, (lambda step: show(step[:1])) if streaming else count,
+                               compile_decode=self.compile_decode)
+        finally:
+            rate.erase()
+            if streaming:
+                stream.write("\n")  # also after an interrupted reply: what follows starts on a line of its own
+                stream.flush()
         return [self.tokenizer.decode([t for t in o if t not in params.stop_token_ids], skip_special_tokens=True)
                 for o in out]
 
 
+class _Transcript:
+    """A text stream that also keeps what was written: what an interrupted reply had said."""
+
+    def __init__(self, stream: TextIO):
+        self.stream, self.text = stream, ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+
+REPLY_STOPPED = "[reply stopped; the chat goes on: an empty line or Ctrl-D ends it]"
+
+
 def chat_loop(session: Session, params: SamplingParams, system: str | None = None,
-              stdin: TextIO | None = None, stdout: TextIO | None = None, after_reply=None) -> None:
-    """Interactive chat: one user turn per line, the conversation kept; empty line or EOF ends it.
-    ``after_reply`` is called after each reply (e.g. to report speculation statistics)."""
-    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+              stdin: TextIO | None = None, stdout: TextIO | None = None, after_reply=None,
+              stderr: TextIO | None = None) -> None:
+    """Interactive chat: one user turn per line, the conversation kept; an empty line or EOF ends it.
+    Ctrl-C during a reply stops that reply (what it had said stays in the conversation, with a note on
+    ``stderr``) and the chat goes on; Ctrl-C at the prompt propagates. ``after_reply`` is called after each
+    completed reply (e.g. to report speculation statistics)."""
+    stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     messages = [{"role": "system", "content": system}] if system else []
     while True:
         stdout.write("> ")
         stdout.flush()
-        line = stdin.readline()
+        try:
+            line = stdin.readline()
+        except KeyboardInterrupt:
+            stdout.write("\n")
+            raise
         if not line or not line.strip():
             return
         messages.append({"role": "user", "content": line.strip()})
-        reply = session.complete([session.encode_chat(messages)], params, stream=stdout)[0]
+        transcript = _Transcript(stdout)
+        try:
+            reply = session.complete([session.encode_chat(messages)], params, stream=transcript, status=stderr)[0]
+        except KeyboardInterrupt:
+            reply = transcript.text.strip()
+            if not reply:
+                messages.pop()  # nothing was said: the turn is forgotten
+            else:
+                messages.append({"role": "assistant", "content": reply})
+            stderr.write(REPLY_STOPPED + "\n")
+            stderr.flush()
+            continue
         messages.append({"role": "assistant", "content": reply})
         if after_reply is not None:
             after_reply()

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .generate import MAX_DRAFT_TOKENS, SamplingParams, cache_slots, decode_step, probabilities, sample
+from .generate import MAX_DRAFT_TOKENS, SamplingParams, cache_slots, check_context, decode_step, probabilities, sample
 from .model import Transformer
 
 
@@ -107,10 +107,8 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
     if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         raise ValueError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}")
     device = model.device
+    check_context(len(prompt), params.max_new_tokens, model.args.max_position_embeddings, draft_tokens)
     total = len(prompt) + params.max_new_tokens + draft_tokens + 1
-    if total > model.args.max_position_embeddings:
-        raise ValueError(f"prompt + max_new_tokens exceeds the model's context of "
-                         f"{model.args.max_position_embeddings} tokens")
     model.setup_caches(1, cache_slots(len(prompt), params.max_new_tokens, model.args.max_position_embeddings))
     drafter = DraftModel(draft_model, model) if draft_model is not None else None
     if drafter is not None:
