@@ -65,3 +65,20 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["quantize", str(src), str(tmp_path / "dst"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("anyfp4 quantize: error: destination is not empty") and err.count("\n") == 1
+
+
+def test_unquantized_layers_show_their_dtype_and_shards_honour_the_umask(tmp_path):
+    """inspect labels a float layer by its stored dtype (not "none"); quantize's shards get the mode new files
+    get (safetensors writes through a private 0600 temporary file)."""
+    import os
+
+    src = write_float_checkpoint(tmp_path / "src")
+    old = os.umask(0o022)
+    try:
+        dst = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(progress=False)).dst
+    finally:
+        os.umask(old)
+    assert all((f.stat().st_mode & 0o777) == 0o644 for f in dst.glob("*.safetensors"))
+    formats = {g["group"]: g["format"] for g in inspect_checkpoint(dst)["groups"]}
+    assert formats["lm_head"] == "bf16" and formats["mlp.up_proj"] == "nvfp4"
+    assert "none" not in formats.values()

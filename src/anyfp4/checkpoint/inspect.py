@@ -89,11 +89,22 @@ def exit_code(report: dict) -> int:
     return EXIT_CODES[report["status"]]
 
 
+def _format_label(reader, layer: LayerSpec) -> str:
+    """The layer's quantization format, or for an unquantized layer its stored dtype (bf16, fp16, fp32)."""
+    import torch
+
+    if layer.format is not WeightFormat.NONE:
+        return layer.format.value
+    dtype = reader.index[layer.tensors["weight"]].dtype
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    return names.get(dtype, str(dtype).replace("torch.", ""))
+
+
 def _layer_summary(reader) -> dict:
     groups: "OrderedDict[tuple, dict]" = OrderedDict()
     stored = 0
     for layer in reader.layers:
-        key = (_group_key(layer), layer.format.value)
+        key = (_group_key(layer), _format_label(reader, layer))
         g = groups.setdefault(key, {"group": key[0], "format": key[1], "count": 0, "shapes": [], "bytes": 0,
                                     "role": "embedding" if _is_embedding(layer) else "linear"})
         g["count"] += 1

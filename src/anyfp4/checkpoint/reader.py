@@ -135,7 +135,9 @@ class CheckpointReader:
         from tqdm import tqdm
 
         layers = self.layers if layers is None else layers
-        for layer in tqdm(layers, desc="validating", disable=not progress, unit="layer"):
+        # counted in layers without a rate: unquantized layers cost nothing here, so a rate would mean nothing
+        for layer in tqdm(layers, desc="validating", disable=not progress, unit="layer",
+                          bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} layers [{elapsed}]"):
             self.load_layer(layer)
         for name in tensors:
             self.load_float(name)

@@ -163,6 +163,13 @@ def _config_quantization(hf_quant: dict) -> dict:
     return out
 
 
+def _honour_umask(path: Path) -> None:
+    """safetensors writes through a private (0600) temporary file: give the shard the mode any new file gets."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 class _ShardWriter:
     """Collects output tensors and flushes them as safetensors shards of bounded size."""
 
@@ -188,6 +195,7 @@ class _ShardWriter:
             save_file(self.pending, str(self.directory / file), metadata={"format": "pt"})
         except SafetensorError as e:  # safetensors reports a failed write (a full disk) as its own error
             raise OSError(None, str(e).removeprefix("Error while serializing: "), str(self.directory / file)) from None
+        _honour_umask(self.directory / file)
         self.files.append((file, list(self.pending)))
         self.total_bytes += self.pending_bytes
         self.pending, self.pending_bytes = {}, 0
