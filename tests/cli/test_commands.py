@@ -11,13 +11,19 @@ from anyfp4.cli import main
 from helpers import TINY_LLAMA, write_float_checkpoint, write_runnable_checkpoint
 
 
+def _without_tokenizer(path):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (path / name).unlink(missing_ok=True)
+    return path
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     return {
         "m": write_runnable_checkpoint(root / "m"),
         "no-template": write_runnable_checkpoint(root / "no-template", chat_template=None),
-        "no-tokenizer": write_float_checkpoint(root / "no-tokenizer"),
+        "no-tokenizer": _without_tokenizer(write_float_checkpoint(root / "no-tokenizer")),
         "gpt2": write_runnable_checkpoint(root / "gpt2", dict(TINY_LLAMA, model_type="gpt2")),
         "vocab256": write_float_checkpoint(root / "vocab256", dict(TINY_LLAMA, vocab_size=256)),
         "nowhere": root / "nowhere",
@@ -72,7 +78,7 @@ EARLY_ERRORS = [
     (["generate", "{no-template}", "--prompt", "hi", "--chat"], "", "tokenizer has no chat template"),
     (["generate", "{gpt2}", "--prompt", "hi"], "", "model_type 'gpt2'"),
     (["generate", "{no-tokenizer}", "--prompt", "hi"], "", "cannot load the tokenizer"),
-    (["generate", "{nowhere}", "--prompt", "hi"], "", "no config.json"),
+    (["generate", "{nowhere}", "--prompt", "hi"], "", "checkpoint directory does not exist"),
     (["chat", "{no-template}"], "", "tokenizer has no chat template"),
     (["chat", "{m}", "--max-tokens", "250"], "", "+ max_new_tokens (250) exceeds the model's context of 256"),
     (["chat", "{m}", "--speculate", "ngram", "--draft-tokens", "20"], "", "--draft-tokens must be between 1 and 16"),
@@ -86,8 +92,8 @@ EARLY_ERRORS = [
     (["bench", "{m}", "--prompt-len", "200", "--gen-len", "100"], "",
      "prompt (200 tokens) + max_new_tokens (100) exceeds the model's context of 256 tokens"),
     (["bench", "{m}", "--quantized-lm-head"], "", "--quantized-lm-head is for --random-weights"),
-    (["bench", "{nowhere}"], "", "no config.json"),
-    (["inspect", "{nowhere}"], "", "no config.json"),
+    (["bench", "{nowhere}"], "", "checkpoint directory does not exist"),
+    (["inspect", "{nowhere}"], "", "not a checkpoint directory"),
     pytest.param(["demo", "--device", "cuda"], "", "no CUDA GPU is available", marks=NO_CUDA),
 ]
 

@@ -90,7 +90,8 @@ def test_sigterm_raises_runs_finally_blocks_and_restores_the_handler(capsys):
     assert capsys.readouterr().err == "anyfp4 x: terminated\n"
 
 
-@pytest.mark.parametrize("how, code, line", [("interrupt", 130, "interrupted"), ("sigterm", 143, "terminated")])
+@pytest.mark.parametrize("how, code, line", [("interrupt", 130, "interrupted"),
+                                             ("sigterm", 143, "interrupted by SIGTERM; {dst} is unchanged")])
 def test_quantize_stopped_midway_leaves_no_partial_output(how, code, line, tmp_path, monkeypatch, capsys):
     src = write_float_checkpoint(tmp_path / "src")
 
@@ -102,7 +103,7 @@ def test_quantize_stopped_midway_leaves_no_partial_output(how, code, line, tmp_p
 
     monkeypatch.setattr("anyfp4.checkpoint.writer.quantize_nvfp4", stop)
     assert main(["quantize", str(src), str(tmp_path / "dst"), "--quiet"]) == code
-    assert capsys.readouterr().err == f"anyfp4 quantize: {line}\n"
+    assert capsys.readouterr().err == f"anyfp4 quantize: {line.format(dst=tmp_path / 'dst')}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no destination, no hidden partial directory
 
 

@@ -80,7 +80,6 @@ def test_help_imports_no_torch_and_is_fast(argv):
     (["chat", "m", "--top-k", "0"], "argument --top-k: must be an integer >= 1, got 0"),
     (["chat", "m", "--draft-tokens", "0"], "argument --draft-tokens: must be an integer >= 1, got 0"),
     (["bench", "--gen-len", "x"], "argument --gen-len: expected an integer >= 1, got 'x'"),
-    (["quantize", "a", "b", "--max-shard-size", "0"], "argument --max-shard-size: must be a number > 0, got 0"),
     (["inspect"], "the following arguments are required: path"),
     (["nope"], "invalid choice: 'nope'"),
 ])

@@ -140,7 +140,7 @@ def test_generate_refuses_nan_weights_instead_of_printing_nothing(tmp_path, caps
 
     path = write_float_checkpoint(tmp_path / "ckpt")
     rewrite_tensors(path, lambda t: t.__setitem__("model.norm.weight", torch.full((64,), float("nan"))))
-    assert main(["generate", str(path), "--prompt", "w5 w6", "--quiet", "--device", "cpu"]) == 2
+    assert main(["generate", str(path), "--prompt", "w5 w6", "--max-tokens", "4", "--quiet", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "tensor holds 64 NaN/Inf value(s), e.g. nan" in err and "'model.norm.weight'" in err
 

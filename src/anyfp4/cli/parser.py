@@ -39,7 +39,6 @@ def _checked(kind, accept, requirement: str):
 
 
 POSITIVE_INT = _checked(int, lambda v: v >= 1, "an integer >= 1")
-POSITIVE_FLOAT = _checked(float, lambda v: v > 0, "a number > 0")
 NON_NEGATIVE_FLOAT = _checked(float, lambda v: v >= 0, "a number >= 0")
 PROBABILITY = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
@@ -112,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "embeddings and lm_head are always excluded unless --no-default-exclude")
     q.add_argument("--no-default-exclude", action="store_true", help="drop the default exclusions (embeddings, "
                    "lm_head): only the --exclude patterns apply")
-    q.add_argument("--max-shard-size", type=POSITIVE_FLOAT, default=5.0, metavar="GIB",
+    q.add_argument("--max-shard-size", type=float, default=5.0, metavar="GIB",  # range: writer.max_shard_bytes
                    help="largest output shard (GiB)")
     q.add_argument("--force", action="store_true", help="replace the checkpoint in DST (the whole directory is "
                    "deleted once the new one is in place); a directory that is not a checkpoint is never replaced")
