@@ -28,7 +28,11 @@ def test_demo_command(smollm2_bf16, monkeypatch, capsys):
     assert main(["demo", "--max-tokens", "12", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "valid (structure, config and values checked); runs as LlamaForCausalLM" in out
-    assert "assistant: " in out and len(out.split("assistant: ")[1].strip()) > 0
+    answers = {line.split("(")[0].strip(): line.split("): ", 1)[1] for line in out.splitlines()
+               if "MB read per token" in line}
+    assert list(answers) == ["bf16", "fp8", "nvfp4"] and all(a.strip() for a in answers.values())
+    assert "Paris" in answers["bf16"] and "Paris" in answers["fp8"]  # greedy, 12 tokens: "The capital of France is Paris."
+    assert "4-bit weights cost a 135M model more than a large one" in out
 
 
 @pytest.mark.slow

@@ -159,13 +159,25 @@ def _warn_unavailable(reason: str) -> None:
                   f"much slower pure-torch reference", stacklevel=3)
 
 
-def threads() -> int:
-    """Threads for one call: torch's intra-op count, at most one per CPU this process may run on."""
+def available_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota (a container's
+    ``--cpus``), which the affinity does not show."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
         cpus = os.cpu_count() or 1
-    return max(1, min(torch.get_num_threads(), cpus))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def threads() -> int:
+    """Threads for one call: torch's intra-op count, at most one per CPU this process may run on."""
+    return max(1, min(torch.get_num_threads(), available_cpus()))
 
 
 @functools.lru_cache(maxsize=1)
