@@ -135,7 +135,7 @@ def test_act_pack_switch_read_inside_the_op(monkeypatch):
 
 def test_fp8_ops_cpu_reference_and_opcheck():
     from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
-    from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
+    from anyfp4.kernels.fp8_prepack import prepack_fp8, prepack_fp8_gated
 
     g = torch.Generator().manual_seed(10)
     w = quantize_fp8(torch.randn(48, 64, generator=g), per_channel=True)
@@ -156,7 +156,7 @@ def test_fp8_ops_cpu_reference_and_opcheck():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fp8_cuda_paths(dtype):
     from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
-    from anyfp4.kernels.fp8_linear import prepack_fp8
+    from anyfp4.kernels.fp8_prepack import prepack_fp8
 
     w = quantize_fp8(torch.randn(4120, 1552, device="cuda"))
     p = prepack_fp8(w)
@@ -171,7 +171,7 @@ def test_partial_ops_are_the_unrounded_reference_cpu():
     """nvfp4_linear_partial / fp8_linear_partial: the float32 product before the global / row scale and before
     rounding to x's dtype."""
     from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
-    from anyfp4.kernels.fp8_linear import prepack_fp8
+    from anyfp4.kernels.fp8_prepack import prepack_fp8
 
     w = random_weight(48, 64, 21)
     p = prepack_nvfp4(w)
@@ -195,7 +195,7 @@ def test_partial_ops_cuda(dtype):
     """On a GPU: float32 out for decode and prefill sizes; at M <= 32 scaling and rounding it gives the plain
     op's bits."""
     from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
-    from anyfp4.kernels.fp8_linear import prepack_fp8
+    from anyfp4.kernels.fp8_prepack import prepack_fp8
 
     w = random_weight(4120, 1552, 22, "cuda")
     p = prepack_nvfp4(w)
