@@ -3,6 +3,7 @@ a quantized model's generation, one and two tensor-parallel processes, with ever
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from anyfp4.runtime.loader import load_model
 from helpers import TINY_LLAMA, write_float_checkpoint
 
 PROMPTS = [[5, 6, 7, 8, 9], [1, 2, 3]]
+CONFIG = dict(TINY_LLAMA, intermediate_size=128)  # 64 per rank: whole 16-element groups
 
 RUN = textwrap.dedent("""
     import json, sys
@@ -41,9 +43,13 @@ RUN = textwrap.dedent("""
 """)
 
 
-def test_cpu_path_runs_with_triton_unimportable(tmp_path):
-    from runtime.test_parallel import CONFIG, free_port
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
+
+def test_cpu_path_runs_with_triton_unimportable(tmp_path):
     src = write_float_checkpoint(tmp_path / "src", CONFIG)
     ckpt = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(format=TargetFormat.MIXED, progress=False)).dst
     blocker = tmp_path / "no-triton" / "triton"
