@@ -12,6 +12,22 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_configure(config):
+    # Triton < 3.7's interpreter turns one-element arrays into ints with int(), which NumPy 2.4 refuses: every
+    # kernel with a loop would fail with the same TypeError. Say so once instead.
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        triton, numpy = Version(version("triton")), Version(version("numpy"))
+    except PackageNotFoundError:
+        return
+    if os.environ.get("TRITON_INTERPRET") == "1" and triton < Version("3.7") and numpy >= Version("2.4"):
+        raise pytest.UsageError(f"Triton {triton}'s interpreter does not run with NumPy {numpy}: "
+                                "pip install 'numpy<2.4' (or Triton >= 3.7)")
+
+
 @pytest.fixture
 def device():
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -94,7 +94,7 @@ def test_prepack_geometry_and_devices_are_checked(fmt, call, message):
     from types import SimpleNamespace
 
     from anyfp4.formats.fp8 import quantize_fp8
-    from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
+    from anyfp4.kernels.fp8_prepack import prepack_fp8, prepack_fp8_gated
 
     x = torch.randn(2, 64, dtype=torch.bfloat16)
     if fmt == "nvfp4":
@@ -170,7 +170,7 @@ def test_act_pack_switch_read_inside_the_op(monkeypatch):
 
 def test_fp8_ops_cpu_reference_and_opcheck():
     from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
-    from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
+    from anyfp4.kernels.fp8_prepack import prepack_fp8, prepack_fp8_gated
 
     g = torch.Generator().manual_seed(10)
     w = quantize_fp8(torch.randn(48, 64, generator=g), per_channel=True)
@@ -191,7 +191,7 @@ def test_fp8_ops_cpu_reference_and_opcheck():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fp8_cuda_paths(dtype):
     from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
-    from anyfp4.kernels.fp8_linear import prepack_fp8
+    from anyfp4.kernels.fp8_prepack import prepack_fp8
 
     w = quantize_fp8(torch.randn(4120, 1552, device="cuda"))
     p = prepack_fp8(w)
@@ -207,7 +207,7 @@ def test_partial_ops_are_the_unrounded_reference_cpu(monkeypatch):
     rounding to x's dtype (the reference path; the C kernels' partial sums: tests/kernels/test_cpu_linear.py)."""
     monkeypatch.setenv("ANYFP4_CPU_KERNELS", "reference")
     from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
-    from anyfp4.kernels.fp8_linear import prepack_fp8
+    from anyfp4.kernels.fp8_prepack import prepack_fp8
 
     w = random_weight(48, 64, 21)
     p = prepack_nvfp4(w)
@@ -231,7 +231,7 @@ def test_partial_ops_cuda(dtype):
     """On a GPU: float32 out for decode and prefill sizes; at M <= 32 scaling and rounding it gives the plain
     op's bits."""
     from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
-    from anyfp4.kernels.fp8_linear import prepack_fp8
+    from anyfp4.kernels.fp8_prepack import prepack_fp8
 
     w = random_weight(4120, 1552, 22, "cuda")
     p = prepack_nvfp4(w)

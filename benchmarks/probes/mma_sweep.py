@@ -28,7 +28,7 @@ from fp8_linear import random_fp8  # noqa: E402
 from nvfp4_linear import ROTATE_BYTES, SHAPES, graph_time, random_nvfp4  # noqa: E402
 
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4  # noqa: E402
-from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated  # noqa: E402
+from anyfp4.kernels.fp8_prepack import prepack_fp8, prepack_fp8_gated  # noqa: E402
 from anyfp4.kernels.weight_mma import MMAConfig, fp8_mma_gemm, heuristic_config, n_tiles_for, nvfp4_mma_gemm  # noqa: E402
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
 from anyfp4.kernels.tuning import mma_config  # noqa: E402

@@ -13,7 +13,7 @@ from torch import nn
 from . import ops  # noqa: F401  (registers torch.ops.anyfp4)
 from .formats.fp8 import FP8Weight
 from .formats.nvfp4 import NVFP4Weight
-from .kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
+from .kernels.fp8_prepack import prepack_fp8, prepack_fp8_gated
 from .kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated
 
 Weight = NVFP4Weight | FP8Weight | torch.Tensor

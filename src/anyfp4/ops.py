@@ -6,7 +6,7 @@
   ``silu(x @ Wg^T) * (x @ Wu^T)`` for a gated prepack.
 - ``fp8_linear(x, codes, scales, bias, out_features, in_features)`` and
   ``fp8_gated(x, codes, scales, up_offset, out_features, in_features)``: the same for an FP8
-  prepack (``kernels.fp8_linear``): M = 1 runs an FP8 GEMV kernel, larger M dequantizes + cuBLAS.
+  prepack (``kernels.fp8_prepack``): M = 1 runs an FP8 GEMV kernel, larger M dequantizes + cuBLAS.
   An optional last ``input_scale`` (the checkpoint's static activation scale) lets
   ``ANYFP4_FP8_PREFILL=w8a8`` run more than 32 rows as one FP8 ``torch._scaled_mm`` (``kernels.fp8_w8a8``).
 - ``nvfp4_linear_partial(x, codes, scales, global_scale, out_features, in_features)`` and
@@ -290,9 +290,9 @@ def _w8a8_applies(x: Tensor, m: int, input_scale: Optional[Tensor]) -> bool:
     """``ANYFP4_FP8_PREFILL=w8a8`` for a prefill-sized call of a layer with an input scale, on a device with FP8
     matmuls (sm_89+ GPUs, the CPU) and without ``ANYFP4_PREFILL=chunked``."""
     from .env import fp8_prefill_mode, prefill_mode
-    from .kernels.nvfp4_decode import MAX_DECODE_M
+    from .kernels.weight_mma import MAX_MMA_M  # the decode kernels' rows (32); above: a prefill
 
-    if input_scale is None or m <= MAX_DECODE_M or fp8_prefill_mode() != "w8a8":
+    if input_scale is None or m <= MAX_MMA_M or fp8_prefill_mode() != "w8a8":
         return False
     if not x.is_cuda:
         return True
@@ -317,7 +317,7 @@ def _warn_once(message: str) -> None:
 
 def _fp8_unit_scale(w):
     """The same FP8 prepack with row scales of 1: its products are the sums before the row scales."""
-    from .kernels.fp8_linear import FP8Prepacked
+    from .kernels.fp8_prepack import FP8Prepacked
 
     return FP8Prepacked(w.codes, torch.ones_like(w.scales), w.out_features, w.in_features, w.up_offset)
 
@@ -357,7 +357,7 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_
     """``partial``: float32, before the row scales, not rounded (a row-parallel rank's share); ``input_scale``: the
     static activation scale the opt-in W8A8 prefill quantizes with."""
     from .formats.fp8 import dequantize_fp8
-    from .kernels.fp8_linear import unprepack_fp8
+    from .kernels.fp8_prepack import unprepack_fp8
 
     x2 = x.reshape(-1, w.in_features)
     if not partial and _w8a8_applies(x, x2.shape[0], input_scale):
@@ -396,7 +396,7 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_
 @torch.library.custom_op("anyfp4::fp8_linear", mutates_args=())
 def fp8_linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Optional[Tensor], out_features: int,
                in_features: int, split_k: int = 0, input_scale: Optional[Tensor] = None) -> Tensor:
-    from .kernels.fp8_linear import FP8Prepacked
+    from .kernels.fp8_prepack import FP8Prepacked
 
     _check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear")
     _check_bias(bias, x, out_features, "fp8_linear")
@@ -422,7 +422,7 @@ def _check_input_scale(input_scale: Optional[Tensor], x: Tensor, name: str) -> N
 def fp8_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_features: int,
                        split_k: int = 0) -> Tensor:
     """``x @ W^T`` before the row scales, in float32, not rounded (see ``nvfp4_linear_partial``)."""
-    from .kernels.fp8_linear import FP8Prepacked
+    from .kernels.fp8_prepack import FP8Prepacked
 
     _check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear_partial")
     return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features), None, partial=True, split_k=split_k)
@@ -437,7 +437,7 @@ def _(x, codes, scales, out_features, in_features, split_k=0):
 @torch.library.custom_op("anyfp4::fp8_gated", mutates_args=())
 def fp8_gated(x: Tensor, codes: Tensor, scales: Tensor, up_offset: int, out_features: int,
               in_features: int, split_k: int = 0, input_scale: Optional[Tensor] = None) -> Tensor:
-    from .kernels.fp8_linear import FP8Prepacked
+    from .kernels.fp8_prepack import FP8Prepacked
 
     if up_offset <= 0:
         raise ValueError("fp8_gated: up_offset must be positive (use prepack_fp8_gated)")
@@ -455,13 +455,15 @@ def _(x, codes, scales, up_offset, out_features, in_features, split_k=0, input_s
 
 @torch.library.custom_op("anyfp4::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    from .kernels.rms_norm import rms_norm_reference, rms_norm_triton
+    from .kernels.glue_reference import rms_norm_reference
 
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"rms_norm: weight has shape {tuple(weight.shape)}, x has {x.shape[-1]} features")
     if weight.device != x.device:
         raise ValueError("rms_norm: x and weight must be on one device")
     if x.device.type == "cuda":
+        from .kernels.rms_norm import rms_norm_triton
+
         return rms_norm_triton(x, weight, eps)
     return rms_norm_reference(x, weight, eps).contiguous()
 
@@ -491,14 +493,15 @@ def _(q, k_cache, v_cache, mask, input_pos):
 @torch.library.custom_op("anyfp4::rope_cache", mutates_args=("k_cache", "v_cache"))
 def rope_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                input_pos: Tensor) -> Tensor:
-    from .kernels.rope_cache import rope_cache as run
-    from .kernels.rope_cache import rope_cache_reference
+    from .kernels.glue_reference import rope_cache_reference
 
     if cos.dtype != torch.float32 or sin.dtype != torch.float32:
         raise TypeError("rope_cache: cos and sin must be float32")
     if k.shape[-1] != q.shape[-1] or k_cache.shape[1] != k.shape[2] or k_cache.shape[-1] != q.shape[-1]:
         raise ValueError(f"rope_cache: q {tuple(q.shape)}, k {tuple(k.shape)} and cache {tuple(k_cache.shape)} disagree")
     if q.device.type == "cuda":
+        from .kernels.rope_cache import rope_cache as run
+
         return run(q, k, v, cos, sin, k_cache, v_cache, input_pos)
     return rope_cache_reference(q, k, v, cos, sin, k_cache, v_cache, input_pos)
 
@@ -510,7 +513,7 @@ def _(q, k, v, cos, sin, k_cache, v_cache, input_pos):
 
 @torch.library.custom_op("anyfp4::add_rms_norm", mutates_args=())
 def add_rms_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    from .kernels.rms_norm import add_rms_norm_reference, add_rms_norm_triton
+    from .kernels.glue_reference import add_rms_norm_reference
 
     if delta.shape != x.shape or delta.dtype != x.dtype or delta.device != x.device:
         raise ValueError(f"add_rms_norm: delta {delta.dtype} {tuple(delta.shape)} must match x {x.dtype} "
@@ -518,6 +521,8 @@ def add_rms_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[
     if weight.shape != (x.shape[-1],) or weight.device != x.device:
         raise ValueError(f"add_rms_norm: weight has shape {tuple(weight.shape)}, x has {x.shape[-1]} features")
     if x.device.type == "cuda":
+        from .kernels.rms_norm import add_rms_norm_triton
+
         return add_rms_norm_triton(x, delta, weight, eps)
     h, y = add_rms_norm_reference(x, delta, weight, eps)
     return h.contiguous(), y.contiguous()

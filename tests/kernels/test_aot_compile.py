@@ -14,8 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from anyfp4.kernels.fp8_linear import fp8_dequant_kernel, fp8_gemv_kernel
-from anyfp4.kernels.fp8_w8a8 import fp8_raw_kernel
+from anyfp4.kernels.fp8_linear import fp8_dequant_kernel, fp8_gemv_kernel, fp8_raw_kernel
 from anyfp4.kernels.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kernel, splitk_reduce_kernel
 from anyfp4.kernels.nvfp4_dequant import nvfp4_dequant_kernel
 from anyfp4.kernels.nvfp4_gemv import nvfp4_gemv_kernel

@@ -7,7 +7,7 @@ import anyfp4.ops  # noqa: F401  (registers the ops)
 from anyfp4.formats.fp8 import FP8Weight, dequantize_fp8
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
 from anyfp4.kernels import cpu_linear
-from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
+from anyfp4.kernels.fp8_prepack import prepack_fp8, prepack_fp8_gated
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated
 
 pytestmark = pytest.mark.skipif(cpu_linear.library() is None, reason="no C compiler builds the CPU kernels")
@@ -161,3 +161,19 @@ def test_portable_path_matches_reference(tmp_path):
     x = torch.randn(9, 1552, generator=gen)
     close(cpu_linear.nvfp4_rows(lib, x, prepack_nvfp4(w), (0,), 3e-3), x.double() @ dequantize_nvfp4(w).double().t())
     close(cpu_linear.fp8_rows(lib, x, prepack_fp8(f), (0,), True), x.double() @ dequantize_fp8(f).double().t())
+
+
+def test_prepacks_refuse_nan_alike():
+    """Like prepack_nvfp4 with a NaN block scale, prepack_fp8 refuses NaN weight bytes and bad scales."""
+    codes = torch.full((4, 16), 0x38, dtype=torch.uint8)
+    codes[2, 5] = 0xFF
+    with pytest.raises(ValueError, match=r"1 FP8 weight value\(s\) are NaN \(first: row 2, column 5\)"):
+        prepack_fp8(FP8Weight(codes.view(torch.float8_e4m3fn), torch.tensor(1.0)))
+    with pytest.raises(ValueError, match="scales must be finite and positive"):
+        prepack_fp8(FP8Weight(torch.full((4, 16), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn),
+                              torch.tensor(float("inf"))))
+    scales = torch.full((4, 1), 0x38, dtype=torch.uint8)
+    scales[1, 0] = 0x7F
+    with pytest.raises(ValueError, match="negative or NaN"):
+        prepack_nvfp4(NVFP4Weight(torch.zeros(4, 8, dtype=torch.uint8), scales.view(torch.float8_e4m3fn),
+                                  torch.tensor(1.0)))

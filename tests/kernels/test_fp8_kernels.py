@@ -4,14 +4,8 @@ import pytest
 import torch
 
 from anyfp4.formats.fp8 import FP8Weight, dequantize_fp8
-from anyfp4.kernels.fp8_linear import (
-    BYTE_BITS,
-    fp8_dequantize,
-    fp8_gemv,
-    prepack_fp8,
-    prepack_fp8_gated,
-    unprepack_fp8,
-)
+from anyfp4.kernels.fp8_linear import fp8_dequantize, fp8_gemv
+from anyfp4.kernels.fp8_prepack import BYTE_BITS, prepack_fp8, prepack_fp8_gated, unprepack_fp8
 
 DTYPES = [torch.float16, torch.bfloat16]
 

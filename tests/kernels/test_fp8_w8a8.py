@@ -6,8 +6,9 @@ import torch
 
 import anyfp4.ops  # noqa: F401  (registers torch.ops.anyfp4)
 from anyfp4.formats.fp8 import dequantize_fp8, e4m3_decode, e4m3_encode
-from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
-from anyfp4.kernels.fp8_w8a8 import fp8_raw_kernel, raw_weight
+from anyfp4.kernels.fp8_linear import fp8_raw_kernel
+from anyfp4.kernels.fp8_prepack import prepack_fp8, prepack_fp8_gated
+from anyfp4.kernels.fp8_w8a8 import raw_weight
 from test_fp8_kernels import random_fp8
 
 N, K = 130, 272  # padded to 256 x 512

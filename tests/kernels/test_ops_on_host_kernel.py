@@ -10,7 +10,7 @@ import host_cuda
 from anyfp4 import ops
 from anyfp4.formats.fp8 import quantize_fp8
 from anyfp4.kernels import tuning, weight_mma
-from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
+from anyfp4.kernels.fp8_prepack import prepack_fp8, prepack_fp8_gated
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated
 from mma_checks import nvfp4_weight, rel_err
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import anyfp4.ops  # noqa: F401  (registers torch.ops.anyfp4)
-from anyfp4.kernels.rope_cache import rope_cache, rope_cache_reference
+from anyfp4.kernels.glue_reference import rope_cache_reference
+from anyfp4.kernels.rope_cache import rope_cache
 
 
 def tables(b, t, hd, start, device, per_sequence):

@@ -11,7 +11,7 @@ import anyfp4.ops  # noqa: F401  (registers torch.ops.anyfp4, which the op-level
 from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
 from anyfp4.formats.nvfp4 import dequantize_nvfp4
 from anyfp4.kernels import nvrtc, weight_mma
-from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
+from anyfp4.kernels.fp8_prepack import prepack_fp8, prepack_fp8_gated
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated
 from anyfp4.kernels.weight_mma import MMAConfig, fp8_mma_gemm, nvfp4_mma_gemm
 from mma_checks import check_kernel, nvfp4_weight, rel_err, sweep_cases
@@ -142,7 +142,7 @@ def test_fp8_pair_decode_is_exact():
     """Every finite E4M3 value in each of the four slots of a prepacked word (the other three random): pair 0 is
     (k0, k2), pair 1 (k1, k3), as fp16 e4m3 * 2^-8 and as bf16 e4m3 * 2^-120 (times the source's 2^120)."""
     from anyfp4.formats.fp8 import e4m3_decode as e4m3_to_float
-    from anyfp4.kernels.fp8_linear import _spread_fp8_words
+    from anyfp4.kernels.fp8_prepack import spread_fp8_words
 
     finite = torch.tensor([i for i in range(256) if (i & 0x7F) != 0x7F], dtype=torch.int64)
     assert "return mul2(bits, 0x7B807B80u);  // * 2^120" in weight_mma._source()
@@ -151,7 +151,7 @@ def test_fp8_pair_decode_is_exact():
         vals = [finite[torch.randint(0, finite.numel(), finite.shape, generator=gen)] for _ in range(4)]
         vals[slot] = finite
         words = sum(v << (8 * i) for i, v in enumerate(vals))
-        spread = _spread_fp8_words((words - ((words >> 31) << 32)).to(torch.int32)).to(torch.int64) & 0xFFFFFFFF
+        spread = spread_fp8_words((words - ((words >> 31) << 32)).to(torch.int32)).to(torch.int64) & 0xFFFFFFFF
         ref = [e4m3_to_float(v.to(torch.uint8)).double() for v in vals]
         for p, (lo, hi) in enumerate([(0, 2), (1, 3)]):
             want = torch.stack([ref[lo], ref[hi]], -1)

@@ -9,7 +9,7 @@ import torch
 import host_cuda
 from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
 from anyfp4.formats.nvfp4 import dequantize_nvfp4
-from anyfp4.kernels.fp8_linear import prepack_fp8, prepack_fp8_gated
+from anyfp4.kernels.fp8_prepack import prepack_fp8, prepack_fp8_gated
 from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated
 from anyfp4.kernels.weight_mma import MMAConfig
 from mma_checks import CONFIGS, check_kernel, nvfp4_weight

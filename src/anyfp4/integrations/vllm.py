@@ -192,7 +192,7 @@ class AnyFP4LinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer) -> None:
         from ..formats.fp8 import FP8Weight
         from ..formats.nvfp4 import NVFP4Weight
-        from ..kernels.fp8_linear import prepack_fp8
+        from ..kernels.fp8_prepack import prepack_fp8
         from ..kernels.nvfp4_prepack import prepack_nvfp4
 
         names, sizes = layer.anyfp4_names, layer.anyfp4_partitions

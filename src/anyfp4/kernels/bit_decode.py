@@ -98,7 +98,7 @@ def block_scale_fp16(b):
 @triton.jit
 def fp8_fp16_at(words, i: tl.constexpr):
     """Value ``i`` (0..3, k = 4j + i) of FP8 prepacked words -> fp16 ``e4m3 * 2^-8`` (finite values, subnormals
-    included): its magnitude moved to fp16 bits 7-13 and its sign to 15 from where ``fp8_linear.BYTE_BITS``
+    included): its magnitude moved to fp16 bits 7-13 and its sign to 15 from where ``fp8_prepack.BYTE_BITS``
     puts them. Arithmetic shifts of int32 are harmless: every mask lies below the copied sign bits."""
     if i == 0:  # magnitude 4-10, sign 15
         bits = ((words << 3) & 0x3F80) | (words & 0x8000)
@@ -114,7 +114,7 @@ def fp8_fp16_at(words, i: tl.constexpr):
 @triton.jit
 def fp8_checkpoint_words(words):
     """FP8 prepacked words -> checkpoint-order words (value i of k = 4j + i as E4M3 bits 8i .. 8i + 7): the inverse
-    of ``fp8_linear.BYTE_BITS`` (whose positions these are)."""
+    of ``fp8_prepack.BYTE_BITS`` (whose positions these are)."""
     v0 = _bits_to(words, 4, 0, 7) | _bits_to(words, 15, 7, 1)
     v1 = _bits_to(words, 0, 8, 4) | _bits_to(words, 28, 12, 3) | _bits_to(words, 11, 15, 1)
     v2 = _bits_to(words, 20, 16, 7) | _bits_to(words, 31, 23, 1)

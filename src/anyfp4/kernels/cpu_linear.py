@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .fp8_linear import BYTE_BITS, FP8Prepacked
+from .fp8_prepack import BYTE_BITS, FP8Prepacked
 from .nvfp4_prepack import CODE_BITS, TILE_ROWS, NVFP4Prepacked, tiled_scale_offset, tiled_word_offset
 
 SOURCE = Path(__file__).with_name("cpu") / "weight_cpu.c"

@@ -1,103 +1,22 @@
-"""FP8 (E4M3) weight-only linear: prepack, an M = 1 GEMV kernel, and dequantize + cuBLAS otherwise.
+"""FP8 (E4M3) weight-only linear on the GPU: an M = 1 GEMV kernel, and dequantize + cuBLAS otherwise, reading
+the prepack of ``fp8_prepack`` (its layout and ``BYTE_BITS`` are described there); and the prepack written back as
+plain E4M3 bytes for the W8A8 prefill (``fp8_w8a8``).
 
-Prepack (``FP8Prepacked``): ``codes`` (N_pad, K_pad // 4) int32, word ``j`` of a row holding the
-E4M3 values of ``k = 4j .. 4j + 3``, the words stored in tiles of 16 rows x 16 words (64 k) like the
-NVFP4 prepack's (``nvfp4_prepack.tile_words``: one contiguous 1 KiB read per warp and step of the
-CUDA kernel); ``scales`` (N_pad,) float32 per output channel (a per-tensor scale is broadcast, so
-fused projections concatenate exactly); padding holds zeros. A gated prepack stacks gate and up,
-up starting at row ``up_offset``.
-
-Inside a word the bits of the four values are placed (``BYTE_BITS``) for the CUDA kernel's bf16
-decode, which forms two bf16 pairs, (k0, k2) and (k1, k3), each value's 7 magnitude bits at 4-10 and
-its sign at 15 of a half: pair (k0, k2) is ``w & 0x87F087F0`` (k0 stored there as is, k2 16 bits up),
-pair (k1, k3) is ``((w << 4) & 0x80F080F0) | (rotl(w, 12) & 0x07000700)`` (four operations; no
-layout makes both pairs one shift and one mask). The magnitude bits read as bf16 are
-``e4m3 * 2^-120`` (subnormals included).
-
-Decoding in the Triton kernels is integer bit arithmetic too (``bit_decode.fp8_fp16_at``): each
+Decoding in the Triton kernels is integer bit arithmetic (``bit_decode.fp8_fp16_at``): each
 value's magnitude at fp16 bits 7-13 and sign at 15 is exactly ``e4m3 * 2^-8``, widened to float32;
 the epilogue multiplies by ``scale[n] * 2^8``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from ..env import triton_interpret
-from ..formats.fp8 import FP8Weight
-from .bit_decode import fp8_fp16_at, tiled_word_offset
+from .bit_decode import fp8_checkpoint_words, fp8_fp16_at, tiled_word_offset
+from .fp8_prepack import FP8Prepacked
 from .nvfp4_dequant import round_to_output, workspace
-from .nvfp4_prepack import (K_ALIGN, ROW_ALIGN, TILE_ROWS, _round_up, gather_bits, spread_bits, tile_words,
-                            untile_words)
-
-
-# for value i (k = 4j + i) of word j: the word bit holding each of its E4M3 bits 0..7 (bit 7: the sign)
-BYTE_BITS = ((4, 5, 6, 7, 8, 9, 10, 15), (0, 1, 2, 3, 28, 29, 30, 11),
-             (20, 21, 22, 23, 24, 25, 26, 31), (16, 17, 18, 19, 12, 13, 14, 27))
-
-
-def _spread_fp8_words(words: torch.Tensor) -> torch.Tensor:
-    """Checkpoint-order words (value i in bits 8i .. 8i + 7) -> the layout of ``BYTE_BITS``."""
-    return spread_bits(words, BYTE_BITS)
-
-
-def _gather_fp8_words(words: torch.Tensor) -> torch.Tensor:
-    """The inverse of ``_spread_fp8_words``."""
-    return gather_bits(words, BYTE_BITS)
-
-
-@dataclass(frozen=True)
-class FP8Prepacked:
-    codes: torch.Tensor  # (N_pad, K_pad // 4) int32
-    scales: torch.Tensor  # (N_pad,) float32
-    out_features: int
-    in_features: int
-    up_offset: int = 0
-
-    @property
-    def gated(self) -> bool:
-        return self.up_offset > 0
-
-
-def _pad(weight: FP8Weight, device) -> tuple[torch.Tensor, torch.Tensor]:
-    n, k = weight.shape
-    n_pad, k_pad = _round_up(n, ROW_ALIGN), _round_up(k, K_ALIGN)
-    codes = torch.zeros(n_pad, k_pad, dtype=torch.uint8, device=device)
-    codes[:n, :k] = weight.weight.to(device).view(torch.uint8)
-    scale = weight.scale.float().reshape(-1).to(device)
-    scales = torch.zeros(n_pad, dtype=torch.float32, device=device)
-    scales[:n] = scale.expand(n) if scale.numel() == 1 else scale
-    if torch.device(device).type == "cuda":
-        from .weight_mma import reserve_counters
-
-        reserve_counters(torch.device(device))
-    return tile_words(_spread_fp8_words(codes.view(torch.int32))), scales
-
-
-def prepack_fp8(weight: FP8Weight, device=None) -> FP8Prepacked:
-    device = torch.device(device) if device is not None else weight.weight.device
-    codes, scales = _pad(weight, device)
-    return FP8Prepacked(codes, scales, weight.shape[0], weight.shape[1])
-
-
-def prepack_fp8_gated(gate: FP8Weight, up: FP8Weight, device=None) -> FP8Prepacked:
-    if gate.shape != up.shape:
-        raise ValueError(f"gate {gate.shape} and up {up.shape} must have the same shape")
-    device = torch.device(device) if device is not None else gate.weight.device
-    (gc, gs), (uc, us) = _pad(gate, device), _pad(up, device)
-    return FP8Prepacked(torch.cat([gc, uc]), torch.cat([gs, us]), gate.shape[0], gate.shape[1], up_offset=gc.shape[0])
-
-
-def unprepack_fp8(p: FP8Prepacked, row0: int = 0) -> FP8Weight:
-    """The exact inverse of the prepack (scales per channel); ``row0 = up_offset`` gives the up half."""
-    n, k = p.out_features, p.in_features
-    rows = _gather_fp8_words(untile_words(p.codes[row0:row0 + _round_up(n, TILE_ROWS)]))  # this half's row blocks
-    weight = rows.view(torch.uint8)[:n, :k].contiguous().view(torch.float8_e4m3fn)
-    return FP8Weight(weight, p.scales[row0:row0 + n].clone())
 
 
 @triton.jit
@@ -154,6 +73,28 @@ def fp8_dequant_kernel(codes_ptr, scales_ptr, out_ptr, N, K, ROW0, stride_c, str
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
     tl.store(out_ptr + offs_n[:, None] * stride_on + offs_k[None, :],
              round_to_output(y, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
+
+
+@triton.jit
+def fp8_raw_kernel(codes_ptr, out_ptr, ROW0, stride_c, stride_o, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Rows ROW0 + (program's rows) of an FP8 prepack -> checkpoint-order words (4 E4M3 bytes each) at
+    ``out[row - ROW0, word]``. The grid covers whole row blocks and all words (no masks)."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    words = tl.load(codes_ptr + tiled_word_offset(ROW0 + offs_n[:, None], offs_w[None, :], stride_c))
+    tl.store(out_ptr + offs_n[:, None] * stride_o + offs_w[None, :], fp8_checkpoint_words(words))
+
+
+
+def fp8_raw_weight(w: FP8Prepacked, row0: int, rows: int) -> torch.Tensor:
+    """Rows ``row0 .. row0 + rows`` of a GPU prepack (whole row blocks) as plain (rows, K_pad) float8_e4m3fn bytes,
+    in the shared workspace (valid until the next prefill): the W8A8 prefill's weight operand (``fp8_w8a8``)."""
+    words_per_row = w.codes.shape[1]
+    out = workspace(rows * words_per_row, torch.int32, w.codes.device).view(rows, words_per_row)
+    block_n, block_w = 32, 64
+    fp8_raw_kernel[(rows // block_n, words_per_row // block_w)](
+        w.codes, out, row0, words_per_row, words_per_row, BLOCK_N=block_n, BLOCK_W=block_w, num_warps=4)
+    return out.view(torch.float8_e4m3fn)
 
 
 def fp8_gemv(x: torch.Tensor, w: FP8Prepacked, bias: torch.Tensor | None, block_n: int = 8,

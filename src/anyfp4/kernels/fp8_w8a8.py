@@ -4,35 +4,21 @@ tensor cores, then the per-row weight scales (and bias, or SiLU * up) applied to
 
     y = (x_q @ W_q^T) * input_scale * scale[n],   x_q = e4m3(clamp(x / input_scale, -448, 448))
 
-The prepack's words keep their bits in the decode layout (``fp8_linear.BYTE_BITS``), so the weight is first
-written back as plain E4M3 bytes, row-major, into a reused workspace (``fp8_raw_kernel``; on the CPU the
-prepack's pure-torch inverse): 2 bytes moved per weight where weight-only dequantization moves 3, and a GEMM
-reading half the operand bytes. The padded prepack (rows to ``ROW_ALIGN``, K to ``K_ALIGN``) is used whole, so
+The prepack's words keep their bits in the decode layout (``fp8_prepack.BYTE_BITS``), so the weight is first
+written back as plain E4M3 bytes, row-major, into a reused workspace (``fp8_linear.fp8_raw_kernel``; on the CPU
+the prepack's pure-torch inverse, so the CPU path needs no Triton): 2 bytes moved per weight where weight-only
+dequantization moves 3, and a GEMM reading half the operand bytes. The padded prepack (rows to ``ROW_ALIGN``, K to ``K_ALIGN``) is used whole, so
 every GEMM dimension is a multiple of 16 as ``_scaled_mm`` wants; padding is zero on both sides.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from .bit_decode import fp8_checkpoint_words, tiled_word_offset
-from .fp8_linear import FP8Prepacked, _gather_fp8_words
-from .nvfp4_dequant import workspace
+from .fp8_prepack import FP8Prepacked, gather_fp8_words
 from .nvfp4_prepack import untile_words
 
 E4M3_MAX = 448.0
-
-
-@triton.jit
-def fp8_raw_kernel(codes_ptr, out_ptr, ROW0, stride_c, stride_o, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Rows ROW0 + (program's rows) of an FP8 prepack -> checkpoint-order words (4 E4M3 bytes each) at
-    ``out[row - ROW0, word]``. The grid covers whole row blocks and all words (no masks)."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    words = tl.load(codes_ptr + tiled_word_offset(ROW0 + offs_n[:, None], offs_w[None, :], stride_c))
-    tl.store(out_ptr + offs_n[:, None] * stride_o + offs_w[None, :], fp8_checkpoint_words(words))
 
 
 def raw_weight(w: FP8Prepacked, row0: int = 0) -> torch.Tensor:
@@ -40,15 +26,12 @@ def raw_weight(w: FP8Prepacked, row0: int = 0) -> torch.Tensor:
     float8_e4m3fn tensor: in the shared workspace on a GPU (valid until the next prefill), a new tensor on
     the CPU."""
     rows = (w.up_offset or w.codes.shape[0]) if row0 == 0 else w.codes.shape[0] - row0
-    words_per_row = w.codes.shape[1]
     if not w.codes.is_cuda:
-        half = _gather_fp8_words(untile_words(w.codes[row0:row0 + rows]))
+        half = gather_fp8_words(untile_words(w.codes[row0:row0 + rows]))
         return half.contiguous().view(torch.float8_e4m3fn)
-    out = workspace(rows * words_per_row, torch.int32, w.codes.device).view(rows, words_per_row)
-    block_n, block_w = 32, 64
-    fp8_raw_kernel[(rows // block_n, words_per_row // block_w)](
-        w.codes, out, row0, words_per_row, words_per_row, BLOCK_N=block_n, BLOCK_W=block_w, num_warps=4)
-    return out.view(torch.float8_e4m3fn)
+    from .fp8_linear import fp8_raw_weight
+
+    return fp8_raw_weight(w, row0, rows)
 
 
 def quantize_activations(x2: torch.Tensor, input_scale: torch.Tensor, k_pad: int) -> torch.Tensor:

@@ -161,7 +161,10 @@ def act_block_pack_kernel(x_ptr, xp_ptr, M, K, stride_xm, X_ROWS, BLOCK_G: tl.co
     r = tl.program_id(1)
     kk = tl.arange(0, 16)
     k = g[:, None] * 16 + kk[None, :]
-    v = tl.load(x_ptr + r * stride_xm + k, mask=(k < K) & (r < M), other=0.0)
+    # Rows >= M read no column. The row test stays a scalar select: ANDed into the block mask, a scalar
+    # comparison reaches Triton's interpreter as an int32 mask, which Triton 3.9 refuses.
+    k_end = tl.where(r < M, K, 0)
+    v = tl.load(x_ptr + r * stride_xm + k, mask=k < k_end, other=0.0)
     tl.store(xp_ptr + g[:, None] * (X_ROWS * 16) + r * 16 + kk[None, :], v)
 
 

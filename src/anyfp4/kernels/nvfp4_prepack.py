@@ -147,7 +147,7 @@ def _encode_scales(e4m3: torch.Tensor, rows_per_chunk: int = 4096) -> torch.Tens
 def spread_bits(words: torch.Tensor, table, rows_per_chunk: int = 1024) -> torch.Tensor:
     """Checkpoint-order int32 words (field i, of ``len(table[i])`` bits, at bit ``i * len(table[i])``) -> the
     layout where bit b of field i sits at word bit ``table[i][b]`` (in chunks of rows, so the int64 working
-    copies stay small next to the layer). NVFP4 uses ``CODE_BITS``, FP8 ``fp8_linear.BYTE_BITS``."""
+    copies stay small next to the layer). NVFP4 uses ``CODE_BITS``, FP8 ``fp8_prepack.BYTE_BITS``."""
     out = torch.empty_like(words)
     for r in range(0, words.shape[0], rows_per_chunk):
         u = words[r:r + rows_per_chunk].to(torch.int64) & 0xFFFFFFFF

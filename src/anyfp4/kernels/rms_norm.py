@@ -3,7 +3,8 @@ rounded once to x's dtype; and the same after a residual add (``h = x + delta`` 
 dtype as torch's add rounds it, then ``norm(h)``; both returned). One launch instead of torch's chain of elementwise and reduction
 kernels; and each row's sum of squares is reduced in the same order whatever the number of rows,
 so a row's output does not depend on how many rows share the call (a decode step and a
-speculative verify pass give the same bits for the same token).
+speculative verify pass give the same bits for the same token). The pure-torch definition is
+``glue_reference.rms_norm_reference``.
 """
 
 from __future__ import annotations
@@ -14,19 +15,6 @@ import triton.language as tl
 
 from ..env import triton_interpret
 from .nvfp4_dequant import round_to_output
-
-
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The pure-torch definition (the CPU path and the kernel's test oracle)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (weight.float() * xf).to(x.dtype)
-
-
-def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
-                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    h = x + delta
-    return h, rms_norm_reference(h, weight, eps)
 
 
 @triton.jit

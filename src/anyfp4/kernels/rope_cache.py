@@ -17,21 +17,6 @@ from ..env import triton_interpret
 from .nvfp4_dequant import round_to_output
 
 
-def rope_cache_reference(q, k, v, cos, sin, k_cache, v_cache, input_pos):
-    """q (b, t, h, hd), k/v (b, t, kvh, hd), cos/sin (b or 1, t, hd) float32 -> q rotated (b, t, h, hd);
-    k rotated and v written to the caches (b, kvh, S, hd) at slots ``input_pos``."""
-    def rot(x):
-        half = x.shape[-1] // 2
-        xf = x.float()
-        rh = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-        return xf * cos[:, :, None] + rh * sin[:, :, None]
-
-    q_out = rot(q).to(k_cache.dtype)
-    k_cache.index_copy_(2, input_pos, rot(k).to(k_cache.dtype).transpose(1, 2))
-    v_cache.index_copy_(2, input_pos, v.to(v_cache.dtype).transpose(1, 2))
-    return q_out
-
-
 @triton.jit
 def rope_cache_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, kc_ptr, vc_ptr,
@@ -69,7 +54,7 @@ def rope_cache_kernel(
 
 
 def rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos, q_out=None):
-    """The launch of ``rope_cache_kernel`` (shapes as ``rope_cache_reference``; last dims contiguous)."""
+    """The launch of ``rope_cache_kernel`` (shapes as ``glue_reference.rope_cache_reference``; last dims contiguous)."""
     b, t, h, hd = q.shape
     kvh = k.shape[2]
     if hd % 2 or any(x.stride(-1) != 1 for x in (q, k, v, cos, sin, k_cache, v_cache)) or cos.stride() != sin.stride():

@@ -107,8 +107,9 @@ def small_attention_merge_kernel(
     part_ptr, stat_ptr, pos_ptr, out_ptr, T, G, KVH, HD, SEG, NSEG, so_b, so_t, so_h,
     BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    """Pass 2, one program per query row: its segments merged at once — the segments no row of the call may
-    see load as (max -1e30, sum 0, output 0), so the reduction has one shape and adds exact zeros for them."""
+    """Pass 2, one program per query row (the grid is exactly the G * T rows: every program stores): its
+    segments merged at once — the segments no row of the call may see load as (max -1e30, sum 0, output 0),
+    so the reduction has one shape and adds exact zeros for them."""
     bh, row = tl.program_id(0), tl.program_id(1)
     b, kvh = bh // KVH, bh % KVH
     rb, r = row // 16, row % 16
@@ -127,9 +128,7 @@ def small_attention_merge_kernel(
     l = tl.sum(l_s * w, axis=0)
     acc = tl.sum(part * w[:, None], axis=0)
     out = acc / tl.where(l > 0, l, 1.0)
-    live = row < G * T
-    tl.store(out_ptr + b * so_b + pos * so_t + head * so_h + d, out.to(out_ptr.dtype.element_ty),
-             mask=(d < HD) & live)
+    tl.store(out_ptr + b * so_b + pos * so_t + head * so_h + d, out.to(out_ptr.dtype.element_ty), mask=d < HD)
 
 
 def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,

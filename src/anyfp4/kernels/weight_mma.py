@@ -3,7 +3,7 @@ run time by NVRTC) for NVFP4 and FP8 prepacks: weights decoded in registers stra
 ``mma.sync`` m16n8k16, so nothing but the activations goes through shared memory. The source file explains
 the decode and the split-K; this module holds launch configurations and the launchers.
 
-It reads the same prepacks as the Triton kernels (``nvfp4_prepack``, ``fp8_linear``), which stay the
+It reads the same prepacks as the Triton kernels (``nvfp4_prepack``, ``fp8_prepack``), which stay the
 portable path for sm_70/75 and wherever NVRTC is missing; ``ANYFP4_KERNELS=triton`` forces them.
 
 Split-K blocks meet through per-device arrival counters (``reserve_counters``), reserved when a prepack

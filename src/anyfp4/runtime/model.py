@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
-from ..kernels.rope_cache import rope_cache_reference
+from ..kernels.glue_reference import rope_cache_reference
 from .config import ModelArgs, rope_inv_freq
 
 

@@ -225,11 +225,13 @@ def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
     rank's rows then add up their k in the order one GPU does; with two ranks and an even split, one GPU
     sums each half of its slices as a rank sums its own before adding the halves (``sum_slices`` in
     ``cuda/weight_mma.cu``), so the ranks' float32 shares summed give one GPU's sum bit for bit."""
+    if model.device.type != "cuda":  # before the GPU-only imports (tuning needs Triton)
+        return
     from ..kernels import weight_mma
     from ..kernels.nvfp4_prepack import K_ALIGN, _round_up
     from ..kernels.tuning import device_arch
 
-    if model.device.type != "cuda" or not weight_mma.enabled(device_arch(model.device.index)[0]):
+    if not weight_mma.enabled(device_arch(model.device.index)[0]):
         return
     quantized = (NVFP4Linear, FP8Linear)
     for blk in model.blocks:

@@ -6,7 +6,7 @@
 // word holding the pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of its 8 codes (CODE_BITS there); scales in
 // the same tiles, 128 bytes ordered (row % 8, block / 2, row / 8, block % 2), each byte (e + 10) << 3 | m for
 // bs = 2^e (1 + m / 8) (SCALE_BYTE there; a zero scale's block has zero codes); one float32 global scale. FP8
-// prepack (fp8_linear.py): the E4M3 values of k = 4j .. 4j + 3 in word j (bits placed by BYTE_BITS there),
+// prepack (fp8_prepack.py): the E4M3 values of k = 4j .. 4j + 3 in word j (bits placed by BYTE_BITS there),
 // words in the same 16 x 16 tiles (64 k); one float32 scale per row.
 //
 // The weight is the mma's A operand (16 rows x 16 k), the activations its B operand (16 k x 8 columns, one
@@ -174,7 +174,7 @@ __device__ __forceinline__ u32 scale_pair(u32 s, int j) {
 #endif
 }
 
-// FP8 pair p of a prepacked word w (fp8_linear.BYTE_BITS: pair 0 = values k0, k2, pair 1 = k1, k3) -> e4m3 * 2^-8
+// FP8 pair p of a prepacked word w (fp8_prepack.BYTE_BITS: pair 0 = values k0, k2, pair 1 = k1, k3) -> e4m3 * 2^-8
 // (fp16) or e4m3 (bf16), exactly. bf16: pair 0 is stored with magnitudes at 4-10 and signs at 15 of each half
 // (e4m3 * 2^-120 as bf16 bits, subnormals included); pair 1 moves there with a shift and a rotation.
 __device__ __forceinline__ u32 decode_e4m3_pair(u32 w, int p) {

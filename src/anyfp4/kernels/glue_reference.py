@@ -1,0 +1,36 @@
+"""The pure-torch definitions of the runner's layer-glue kernels (``rms_norm``, ``rope_cache``): the ops'
+CPU path and the Triton kernels' test oracles. Pure torch, so the CPU path runs without Triton installed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension: ``weight * x / sqrt(mean(x^2) + eps)`` in float32, rounded once to x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * xf).to(x.dtype)
+
+
+def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, rms_norm(h)) for h = x + delta rounded to x's dtype."""
+    h = x + delta
+    return h, rms_norm_reference(h, weight, eps)
+
+
+def rope_cache_reference(q, k, v, cos, sin, k_cache, v_cache, input_pos):
+    """q (b, t, h, hd), k/v (b, t, kvh, hd), cos/sin (b or 1, t, hd) float32 -> q rotated (b, t, h, hd);
+    k rotated and v written to the caches (b, kvh, S, hd) at slots ``input_pos``."""
+    def rot(x):
+        half = x.shape[-1] // 2
+        xf = x.float()
+        rh = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+        return xf * cos[:, :, None] + rh * sin[:, :, None]
+
+    q_out = rot(q).to(k_cache.dtype)
+    k_cache.index_copy_(2, input_pos, rot(k).to(k_cache.dtype).transpose(1, 2))
+    v_cache.index_copy_(2, input_pos, v.to(v_cache.dtype).transpose(1, 2))
+    return q_out
