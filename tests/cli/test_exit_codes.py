@@ -120,3 +120,18 @@ def test_a_progress_bar_cut_short_ends_before_the_message(capsys):
 
     assert run_command("anyfp4 x", run) == 130
     assert capsys.readouterr().err.endswith("]\nanyfp4 x: interrupted\n")
+
+
+def test_cli_lets_idle_openmp_threads_sleep_unless_told_otherwise():
+    """``anyfp4`` sets OMP_WAIT_POLICY=PASSIVE before torch starts (spinning threads collapse under any other
+    load on a small machine), and leaves a value the user set alone."""
+    import subprocess
+    import sys
+
+    probe = "import os, anyfp4.cli as c; c.main(['--version']); print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip().endswith("PASSIVE")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={**env, "OMP_WAIT_POLICY": "ACTIVE"}).stdout
+    assert out.strip().endswith("ACTIVE")
