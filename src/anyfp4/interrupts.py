@@ -39,21 +39,27 @@ def _in_main_thread() -> bool:
 
 
 @contextmanager
-def signals_raise() -> Iterator[None]:
-    """SIGINT and SIGTERM raise ``Interrupted`` in the main thread while the block runs. A signal the
-    process was told to ignore (SIG_IGN, e.g. SIGINT under ``nohup``) stays ignored."""
+def handlers(signums, handler) -> Iterator[None]:
+    """``handler`` for each of ``signums`` while the block runs (main thread only, where Python can set them),
+    the previous handlers back afterwards. A signal the process was told to ignore (SIG_IGN, e.g. SIGINT under
+    ``nohup``) stays ignored."""
     if not _in_main_thread():
         yield
         return
     previous = {}
-    for signum in CAUGHT:
+    for signum in signums:
         if signal.getsignal(signum) is not signal.SIG_IGN:
-            previous[signum] = signal.signal(signum, _raise)
+            previous[signum] = signal.signal(signum, handler)
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def signals_raise():
+    """SIGINT and SIGTERM raise ``Interrupted`` in the main thread while the block runs."""
+    return handlers(CAUGHT, _raise)
 
 
 @contextmanager

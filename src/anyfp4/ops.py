@@ -140,23 +140,14 @@ def _reference(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], partial: bo
 
 def _cpu(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], partial: bool = False) -> Tensor:
     """The op on the CPU: the C kernels (``kernels.cpu_linear``) where they build, else ``_reference``."""
-    from .kernels.cpu_linear import library, nvfp4_rows
+    from .kernels.cpu_linear import library, linear_on_rows, nvfp4_rows
 
     lib = library()
     if lib is None:
         return _reference(x, w, bias, partial)
-    x2 = x.reshape(-1, w.in_features)
-    if partial:
-        return nvfp4_rows(lib, x2, w, (0,), None).reshape(*x.shape[:-1], w.out_features)
     g = float(w.global_scale)
-    if w.gated:
-        gate, up = nvfp4_rows(lib, x2, w, (0, w.up_offset), g).split(w.out_features, dim=1)
-        y = torch.nn.functional.silu(gate) * up
-    else:
-        y = nvfp4_rows(lib, x2, w, (0,), g)
-        if bias is not None:
-            y = y + bias.float()
-    return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
+    return linear_on_rows(x, w, bias, partial,
+                          lambda x2, starts, scaled: nvfp4_rows(lib, x2, w, starts, g if scaled else None))
 
 
 def _in_row_chunks(x2: Tensor, run) -> Tensor:
@@ -366,20 +357,11 @@ def _fp8_run(x: Tensor, w, bias: Optional[Tensor], partial: bool = False, split_
         return w8a8_matmul(x2.contiguous(), w, bias, input_scale).reshape(*x.shape[:-1], w.out_features)
     if x.is_cuda:
         return _fp8_cuda(x2.contiguous(), w, bias, partial, split_k).reshape(*x.shape[:-1], w.out_features)
-    from .kernels.cpu_linear import fp8_rows, library
+    from .kernels.cpu_linear import fp8_rows, library, linear_on_rows
 
     lib = library()
     if lib is not None:
-        if partial:
-            return fp8_rows(lib, x2, w, (0,), False).reshape(*x.shape[:-1], w.out_features)
-        if w.gated:
-            gate, up = fp8_rows(lib, x2, w, (0, w.up_offset), True).split(w.out_features, dim=1)
-            y = torch.nn.functional.silu(gate) * up
-        else:
-            y = fp8_rows(lib, x2, w, (0,), True)
-            if bias is not None:
-                y = y + bias.float()
-        return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
+        return linear_on_rows(x, w, bias, partial, lambda x2, starts, scaled: fp8_rows(lib, x2, w, starts, scaled))
     xf = x2.float()
     if partial:
         return (xf @ dequantize_fp8(unprepack_fp8(_fp8_unit_scale(w))).t()).reshape(*x.shape[:-1], w.out_features)

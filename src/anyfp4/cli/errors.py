@@ -16,9 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import traceback
-from contextlib import contextmanager
 
 EXIT_NEGATIVE = 1
 EXIT_USAGE = 2
@@ -42,16 +40,10 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated
 
 
-@contextmanager
 def _sigterm_raises():
-    if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    from ..interrupts import handlers
+
+    return handlers((signal.SIGTERM,), _raise_terminated)
 
 
 def exit_code(error: BaseException) -> int | None:

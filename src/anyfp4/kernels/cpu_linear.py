@@ -256,3 +256,22 @@ def fp8_rows(lib, x2: torch.Tensor, w: FP8Prepacked, row_starts: tuple[int, ...]
     _run_split(lambda n0, n1: lib.fp8_linear_rows(*args, n0, n1, y.data_ptr(), y.shape[1]),
                [(s, s + w.out_features) for s in row_starts], m * w.in_features)
     return torch.cat([y[:, s:s + w.out_features] for s in row_starts], dim=1)
+
+
+def linear_on_rows(x: torch.Tensor, w: NVFP4Prepacked | FP8Prepacked, bias: torch.Tensor | None, partial: bool,
+                   rows) -> torch.Tensor:
+    """An op's result from ``rows(x2, row_starts, scaled)`` (``nvfp4_rows`` / ``fp8_rows`` bound to a weight):
+    ``partial``: the float32 sums before the weight's scale; gated: ``silu(gate) * up``; else plus ``bias``,
+    rounded to x's dtype."""
+    x2 = x.reshape(-1, w.in_features)
+    shape = (*x.shape[:-1], w.out_features)
+    if partial:
+        return rows(x2, (0,), False).reshape(shape)
+    if w.gated:
+        gate, up = rows(x2, (0, w.up_offset), True).split(w.out_features, dim=1)
+        y = torch.nn.functional.silu(gate) * up
+    else:
+        y = rows(x2, (0,), True)
+        if bias is not None:
+            y = y + bias.float()
+    return y.to(x.dtype).reshape(shape)

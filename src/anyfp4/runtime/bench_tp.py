@@ -84,8 +84,6 @@ def bench_tp(spec: str, tp: int, device_type: str, dtype_name: str, prompt_len: 
     """Run the tensor-parallel bench of a checkpoint directory or ``random:ARCH:FORMAT``; rank 0's report."""
     if device_type == "cuda" and torch.cuda.device_count() < tp:
         raise ValueError(f"--tp {tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
-    from .config import ModelArgs
-
     if spec.startswith("random:"):
         from .random_model import random_args
 
