@@ -35,6 +35,7 @@ and the kernels crop the output to N. Activations are never padded: kernels mask
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -144,29 +145,46 @@ def _encode_scales(e4m3: torch.Tensor, rows_per_chunk: int = 4096) -> torch.Tens
     return out
 
 
-def spread_bits(words: torch.Tensor, table, rows_per_chunk: int = 1024) -> torch.Tensor:
-    """Checkpoint-order int32 words (field i, of ``len(table[i])`` bits, at bit ``i * len(table[i])``) -> the
-    layout where bit b of field i sits at word bit ``table[i][b]`` (in chunks of rows, so the int64 working
-    copies stay small next to the layer). NVFP4 uses ``CODE_BITS``, FP8 ``fp8_prepack.BYTE_BITS``."""
+def _byte_tables(moves: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """(4, 256) int32: entry [j, v] holds the word bits that byte j of a word, of value v, moves to (``moves``:
+    (from bit, to bit) pairs)."""
+    tables = torch.zeros(4, 256, dtype=torch.int64)
+    values = torch.arange(256, dtype=torch.int64)
+    for src, dst in moves:
+        tables[src // 8] |= ((values >> (src % 8)) & 1) << dst
+    return (tables - ((tables >> 31) << 32)).to(torch.int32)
+
+
+def _move_bits(words: torch.Tensor, moves: tuple[tuple[int, int], ...], rows_per_chunk: int) -> torch.Tensor:
+    """Every bit of every int32 word moved as ``moves`` says: one table lookup per byte (in chunks of rows)."""
+    if sys.byteorder != "little":
+        raise RuntimeError("the prepacks are built on little-endian machines only")
+    tables = _byte_tables(moves).to(words.device)
     out = torch.empty_like(words)
     for r in range(0, words.shape[0], rows_per_chunk):
-        u = words[r:r + rows_per_chunk].to(torch.int64) & 0xFFFFFFFF
-        acc = torch.zeros_like(u)
-        for i, bits in enumerate(table):
-            for b, pos in enumerate(bits):
-                acc |= ((u >> (len(bits) * i + b)) & 1) << pos
-        out[r:r + rows_per_chunk] = (acc - ((acc >> 31) << 32)).to(torch.int32)
+        b = words[r:r + rows_per_chunk].contiguous().view(torch.uint8).view(*words[r:r + rows_per_chunk].shape, 4)
+        acc = tables[0][b[..., 0].int()]
+        for j in range(1, 4):
+            acc |= tables[j][b[..., j].int()]
+        out[r:r + rows_per_chunk] = acc
     return out
 
 
-def gather_bits(words: torch.Tensor, table) -> torch.Tensor:
+def _field_moves(table) -> tuple[tuple[int, int], ...]:
+    """(checkpoint-order bit, placed bit) for every bit of every field of ``table``."""
+    return tuple((len(bits) * i + b, pos) for i, bits in enumerate(table) for b, pos in enumerate(bits))
+
+
+def spread_bits(words: torch.Tensor, table, rows_per_chunk: int = 4096) -> torch.Tensor:
+    """Checkpoint-order int32 words (field i, of ``len(table[i])`` bits, at bit ``i * len(table[i])``) -> the
+    layout where bit b of field i sits at word bit ``table[i][b]``. NVFP4 uses ``CODE_BITS``, FP8
+    ``fp8_prepack.BYTE_BITS``."""
+    return _move_bits(words, _field_moves(table), rows_per_chunk)
+
+
+def gather_bits(words: torch.Tensor, table, rows_per_chunk: int = 4096) -> torch.Tensor:
     """The inverse of ``spread_bits``."""
-    u = words.to(torch.int64) & 0xFFFFFFFF
-    out = torch.zeros_like(u)
-    for i, bits in enumerate(table):
-        for b, pos in enumerate(bits):
-            out |= ((u >> pos) & 1) << (len(bits) * i + b)
-    return (out - ((out >> 31) << 32)).to(torch.int32)
+    return _move_bits(words, tuple((dst, src) for src, dst in _field_moves(table)), rows_per_chunk)
 
 
 def _spread_words(words: torch.Tensor) -> torch.Tensor:
