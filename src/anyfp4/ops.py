@@ -44,75 +44,11 @@ from torch import Tensor
 
 from .formats.nvfp4 import dequantize_nvfp4
 from .kernels.nvfp4_prepack import NVFP4Prepacked, unprepack_nvfp4, unprepack_nvfp4_gated
-
-ACT_DTYPES = (torch.float16, torch.bfloat16)
-
+from .op_checks import check_bias, check_fake_devices, check_fp8, check_input_scale, check_nvfp4
 
 def _as_prepacked(codes: Tensor, scales: Tensor, global_scale: Tensor, up_offset: int, out_features: int,
                   in_features: int) -> NVFP4Prepacked:
     return NVFP4Prepacked(codes, scales, global_scale, out_features, in_features, up_offset)
-
-
-def _check_activations(x: Tensor, in_features: int, name: str, *weights: Tensor) -> None:
-    """Activation dtype and width, one device for everything, and a GPU the kernels support.
-    Shapes, dtypes and devices only: no value is read, so no host sync."""
-    if x.dtype not in ACT_DTYPES and not (x.device.type == "cpu" and x.dtype == torch.float32):
-        raise TypeError(f"{name}: activations must be float16 or bfloat16, got {x.dtype}")
-    if x.shape[-1] != in_features:
-        raise ValueError(f"{name}: x has {x.shape[-1]} features, the weight expects {in_features}")
-    if any(t.device != x.device for t in weights):
-        raise ValueError(f"{name}: x and the weight tensors must be on one device")
-    if x.device.type == "cuda":
-        from .kernels.tuning import device_arch
-
-        sm, _ = device_arch(x.device.index if x.device.index is not None else torch.cuda.current_device())
-        if sm < 70:
-            raise RuntimeError(f"{name}: anyfp4 kernels need compute capability 7.0 or newer, this GPU is sm_{sm}")
-        if x.dtype == torch.bfloat16 and sm < 80:
-            raise TypeError(f"{name}: bfloat16 activations need sm_80 or newer (this GPU is sm_{sm}); use float16")
-
-
-def _check_bias(bias: Optional[Tensor], x: Tensor, out_features: int, name: str) -> None:
-    if bias is None:
-        return
-    if bias.shape != (out_features,):
-        raise ValueError(f"{name}: bias must have shape ({out_features},), got {tuple(bias.shape)}")
-    if bias.dtype != x.dtype or bias.device != x.device:
-        raise TypeError(f"{name}: bias must be {x.dtype} on {x.device} like x, got {bias.dtype} on {bias.device}")
-
-
-def _check_geometry(codes: Tensor, k_per_word: int, out_features: int, in_features: int, up_offset: int,
-                    name: str) -> None:
-    """``out_features`` / ``in_features`` / ``up_offset`` are the ones the prepack was made for: a prepack of N x K
-    holds exactly round_up(N, ROW_ALIGN) rows (twice that, gated, up from ``up_offset``) and round_up(K, K_ALIGN)
-    columns, so no output column can fall into the padding."""
-    from .kernels.nvfp4_prepack import K_ALIGN, ROW_ALIGN
-
-    if out_features <= 0 or in_features <= 0:
-        raise ValueError(f"{name}: out_features and in_features must be positive, got {out_features}, {in_features}")
-    if codes.dim() != 2 or codes.shape[1] * k_per_word != -(-in_features // K_ALIGN) * K_ALIGN:
-        raise ValueError(f"{name}: codes {tuple(codes.shape)} are not a prepack of in_features = {in_features}")
-    half = -(-out_features // ROW_ALIGN) * ROW_ALIGN
-    if up_offset and up_offset != half:
-        raise ValueError(f"{name}: up_offset must be {half} for out_features = {out_features} (the gate half padded "
-                         f"to {ROW_ALIGN} rows), got {up_offset}")
-    if codes.shape[0] != (2 * half if up_offset else half):
-        raise ValueError(f"{name}: codes {tuple(codes.shape)} are not a{' gated' if up_offset else ''} prepack of "
-                         f"out_features = {out_features}")
-
-
-def _check(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_features: int, in_features: int,
-           up_offset: int, name: str) -> None:
-    _check_activations(x, in_features, name, codes, scales, global_scale)
-    if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] * 8 < in_features:
-        raise ValueError(f"{name}: codes must be a 2-D int32 prepack covering K = {in_features}, got "
-                         f"{codes.dtype} {tuple(codes.shape)}")
-    _check_geometry(codes, 8, out_features, in_features, up_offset, name)
-    rows = up_offset + out_features if up_offset else out_features
-    if codes.shape[0] < rows or scales.dtype != torch.uint8 or scales.shape != (codes.shape[0], codes.shape[1] // 2):
-        raise ValueError(f"{name}: scales {scales.dtype} {tuple(scales.shape)} do not match codes {tuple(codes.shape)}")
-    if global_scale.dtype != torch.float32 or global_scale.numel() != 1:
-        raise ValueError(f"{name}: global_scale must be one float32 value")
 
 
 def _unit_scale(w: NVFP4Prepacked) -> NVFP4Prepacked:
@@ -205,23 +141,15 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], partial: bool = 
 @torch.library.custom_op("anyfp4::nvfp4_linear", mutates_args=())
 def nvfp4_linear(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, bias: Optional[Tensor],
                  out_features: int, in_features: int, split_k: int = 0) -> Tensor:
-    _check(x, codes, scales, global_scale, out_features, in_features, 0, "nvfp4_linear")
-    _check_bias(bias, x, out_features, "nvfp4_linear")
+    check_nvfp4(x, codes, scales, global_scale, out_features, in_features, 0, "nvfp4_linear")
+    check_bias(bias, x, out_features, "nvfp4_linear")
     w = _as_prepacked(codes, scales, global_scale, 0, out_features, in_features)
     return _cuda(x, w, bias, split_k=split_k) if x.is_cuda else _cpu(x, w, bias)
 
 
-def _check_fake_devices(name: str, x: Tensor, *tensors: Optional[Tensor]) -> None:
-    """The fake (meta) implementations run whenever one input is on ``meta``: refuse a mix of devices there too,
-    so weights left on ``meta`` never give an output of uninitialised memory."""
-    if any(t is not None and t.device != x.device for t in tensors):
-        raise ValueError(f"{name}: x and the weight tensors must be on one device, got "
-                         f"{sorted({str(t.device) for t in (x, *tensors) if t is not None})}")
-
-
 @nvfp4_linear.register_fake
 def _(x, codes, scales, global_scale, bias, out_features, in_features, split_k=0):
-    _check_fake_devices("nvfp4_linear", x, codes, scales, global_scale, bias)
+    check_fake_devices("nvfp4_linear", x, codes, scales, global_scale, bias)
     return x.new_empty(*x.shape[:-1], out_features)
 
 
@@ -230,14 +158,14 @@ def nvfp4_gated(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, 
                 out_features: int, in_features: int, split_k: int = 0) -> Tensor:
     if up_offset <= 0:
         raise ValueError("nvfp4_gated: up_offset must be positive (use prepack_nvfp4_gated)")
-    _check(x, codes, scales, global_scale, out_features, in_features, up_offset, "nvfp4_gated")
+    check_nvfp4(x, codes, scales, global_scale, out_features, in_features, up_offset, "nvfp4_gated")
     w = _as_prepacked(codes, scales, global_scale, up_offset, out_features, in_features)
     return _cuda(x, w, None, split_k=split_k) if x.is_cuda else _cpu(x, w, None)
 
 
 @nvfp4_gated.register_fake
 def _(x, codes, scales, global_scale, up_offset, out_features, in_features, split_k=0):
-    _check_fake_devices("nvfp4_gated", x, codes, scales, global_scale)
+    check_fake_devices("nvfp4_gated", x, codes, scales, global_scale)
     return x.new_empty(*x.shape[:-1], out_features)
 
 
@@ -246,14 +174,14 @@ def nvfp4_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, global_scale:
                          in_features: int, split_k: int = 0) -> Tensor:
     """``x @ W^T / global_scale`` in float32, not rounded: a row-parallel rank's share of a sum that the ranks
     add, then scale and round once (on sm_80+ and in prefill; the sm_70/75 decode kernels round first)."""
-    _check(x, codes, scales, global_scale, out_features, in_features, 0, "nvfp4_linear_partial")
+    check_nvfp4(x, codes, scales, global_scale, out_features, in_features, 0, "nvfp4_linear_partial")
     w = _as_prepacked(codes, scales, global_scale, 0, out_features, in_features)
     return _cuda(x, w, None, partial=True, split_k=split_k) if x.is_cuda else _cpu(x, w, None, partial=True)
 
 
 @nvfp4_linear_partial.register_fake
 def _(x, codes, scales, global_scale, out_features, in_features, split_k=0):
-    _check_fake_devices("nvfp4_linear_partial", x, codes, scales, global_scale)
+    check_fake_devices("nvfp4_linear_partial", x, codes, scales, global_scale)
     return x.new_empty(*x.shape[:-1], out_features, dtype=torch.float32)
 
 
@@ -263,18 +191,6 @@ def linear(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor] = None) -> Tenso
         return torch.ops.anyfp4.nvfp4_gated(x, w.codes, w.scales, w.global_scale, w.up_offset, w.out_features,
                                             w.in_features)
     return torch.ops.anyfp4.nvfp4_linear(x, w.codes, w.scales, w.global_scale, bias, w.out_features, w.in_features)
-
-
-def _check_fp8(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_features: int, up_offset: int,
-               name: str) -> None:
-    _check_activations(x, in_features, name, codes, scales)
-    rows = up_offset + out_features if up_offset else out_features
-    if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] * 4 < in_features or codes.shape[0] < rows:
-        raise ValueError(f"{name}: codes must be a 2-D int32 FP8 prepack covering {rows} x {in_features}, got "
-                         f"{codes.dtype} {tuple(codes.shape)}")
-    if scales.dtype != torch.float32 or scales.shape != (codes.shape[0],):
-        raise ValueError(f"{name}: scales must be float32 ({codes.shape[0]},), got {scales.dtype} {tuple(scales.shape)}")
-    _check_geometry(codes, 4, out_features, in_features, up_offset, name)
 
 
 def _w8a8_applies(x: Tensor, m: int, input_scale: Optional[Tensor]) -> bool:
@@ -380,24 +296,17 @@ def fp8_linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Optional[Tensor],
                in_features: int, split_k: int = 0, input_scale: Optional[Tensor] = None) -> Tensor:
     from .kernels.fp8_prepack import FP8Prepacked
 
-    _check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear")
-    _check_bias(bias, x, out_features, "fp8_linear")
-    _check_input_scale(input_scale, x, "fp8_linear")
+    check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear")
+    check_bias(bias, x, out_features, "fp8_linear")
+    check_input_scale(input_scale, x, "fp8_linear")
     return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features), bias, split_k=split_k,
                     input_scale=input_scale)
 
 
 @fp8_linear.register_fake
 def _(x, codes, scales, bias, out_features, in_features, split_k=0, input_scale=None):
-    _check_fake_devices("fp8_linear", x, codes, scales, bias, input_scale)
+    check_fake_devices("fp8_linear", x, codes, scales, bias, input_scale)
     return x.new_empty(*x.shape[:-1], out_features)
-
-
-def _check_input_scale(input_scale: Optional[Tensor], x: Tensor, name: str) -> None:
-    if input_scale is not None and (input_scale.dtype != torch.float32 or input_scale.numel() != 1
-                                    or input_scale.device != x.device):
-        raise ValueError(f"{name}: input_scale must be one float32 value on {x.device}, got {input_scale.dtype} "
-                         f"{tuple(input_scale.shape)} on {input_scale.device}")
 
 
 @torch.library.custom_op("anyfp4::fp8_linear_partial", mutates_args=())
@@ -406,13 +315,13 @@ def fp8_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, out_features: i
     """``x @ W^T`` before the row scales, in float32, not rounded (see ``nvfp4_linear_partial``)."""
     from .kernels.fp8_prepack import FP8Prepacked
 
-    _check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear_partial")
+    check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear_partial")
     return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features), None, partial=True, split_k=split_k)
 
 
 @fp8_linear_partial.register_fake
 def _(x, codes, scales, out_features, in_features, split_k=0):
-    _check_fake_devices("fp8_linear_partial", x, codes, scales)
+    check_fake_devices("fp8_linear_partial", x, codes, scales)
     return x.new_empty(*x.shape[:-1], out_features, dtype=torch.float32)
 
 
@@ -423,15 +332,15 @@ def fp8_gated(x: Tensor, codes: Tensor, scales: Tensor, up_offset: int, out_feat
 
     if up_offset <= 0:
         raise ValueError("fp8_gated: up_offset must be positive (use prepack_fp8_gated)")
-    _check_fp8(x, codes, scales, out_features, in_features, up_offset, "fp8_gated")
-    _check_input_scale(input_scale, x, "fp8_gated")
+    check_fp8(x, codes, scales, out_features, in_features, up_offset, "fp8_gated")
+    check_input_scale(input_scale, x, "fp8_gated")
     return _fp8_run(x, FP8Prepacked(codes, scales, out_features, in_features, up_offset), None, split_k=split_k,
                     input_scale=input_scale)
 
 
 @fp8_gated.register_fake
 def _(x, codes, scales, up_offset, out_features, in_features, split_k=0, input_scale=None):
-    _check_fake_devices("fp8_gated", x, codes, scales, input_scale)
+    check_fake_devices("fp8_gated", x, codes, scales, input_scale)
     return x.new_empty(*x.shape[:-1], out_features)
 
 
