@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -7,6 +8,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A runner that starts the tests with SIGINT ignored (GNU time, `cmd &` without job control) would pass that on
+# to every command the signal tests start; they test Ctrl-C as a terminal delivers it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # Without a GPU, Triton kernels run in Triton's CPU interpreter (set before any kernel launches).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
