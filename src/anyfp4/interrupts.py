@@ -53,8 +53,11 @@ def handlers(signums, handler) -> Iterator[None]:
     try:
         yield
     finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)
+        # no signal may land between two restores (its handler would raise and skip the rest); a handler that
+        # was installed from C reads back as None and is restored as the default
+        with signals_held(tuple(previous)):
+            for signum, old in previous.items():
+                signal.signal(signum, signal.SIG_DFL if old is None else old)
 
 
 def signals_raise():
@@ -63,13 +66,13 @@ def signals_raise():
 
 
 @contextmanager
-def signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block has run; they are then delivered (and raise) as usual.
-    Keep the block to a few system calls: the user cannot interrupt it."""
+def signals_held(signums=CAUGHT) -> Iterator[None]:
+    """``signums`` (SIGINT and SIGTERM) wait until the block has run; they are then delivered (and raise) as
+    usual. Keep the block to a few system calls: the user cannot interrupt it."""
     if not _in_main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, CAUGHT)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
     try:
         yield
     finally:

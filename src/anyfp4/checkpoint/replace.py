@@ -246,7 +246,7 @@ def install(dst: Path, build: Callable[[Path], T]) -> T:
         except OSError:
             pass
         raise
-    if not replaced.exists():
+    if not _is_ours(replaced, dst, Role.OLD):  # nothing was replaced (or that directory is someone else's)
         return result
     try:
         _discard(replaced, dst)

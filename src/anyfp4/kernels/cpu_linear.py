@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import torch
@@ -200,7 +200,10 @@ def _run_split(run, ranges: list[tuple[int, int]], work_per_row: int) -> None:
             run(*piece)
         return
     futures = [_pool().submit(run, *piece) for piece in pieces[1:]]
-    run(*pieces[0])
+    try:
+        run(*pieces[0])
+    finally:  # the C calls read the caller's tensors: none may still run when this returns (or raises)
+        wait(futures)
     for f in futures:
         f.result()
 
@@ -233,10 +236,11 @@ def nvfp4_rows(lib, x2: torch.Tensor, w: NVFP4Prepacked, row_starts: tuple[int, 
     m = x2.shape[0]
     words = w.codes.shape[1]
     x_perm = _permuted(x2, words * 8, 8)
+    codes, scales = w.codes.contiguous(), w.scales.contiguous()  # the C code reads them as dense row-major
     inside, word_rowblock, word_row, word_tile, scale_rowblock, scale_tile = _nvfp4_strides(words, words // 2)
     y = torch.empty(m, w.codes.shape[0], dtype=torch.float32)
     out_scale = 1.0 if global_scale is None else global_scale
-    args = (w.codes.data_ptr(), w.scales.data_ptr(), x_perm.data_ptr(), m, inside.data_ptr(), words // TILE_WORDS,
+    args = (codes.data_ptr(), scales.data_ptr(), x_perm.data_ptr(), m, inside.data_ptr(), words // TILE_WORDS,
             word_rowblock, word_row, word_tile, scale_rowblock, scale_tile)
     _run_split(lambda n0, n1: lib.nvfp4_linear_rows(*args, n0, n1, out_scale, y.data_ptr(), y.shape[1]),
                [(s, s + w.out_features) for s in row_starts], m * w.in_features)
@@ -249,9 +253,10 @@ def fp8_rows(lib, x2: torch.Tensor, w: FP8Prepacked, row_starts: tuple[int, ...]
     m = x2.shape[0]
     words = w.codes.shape[1]
     x_perm = _permuted(x2, words * 4, 4)
+    codes, row_scales = w.codes.contiguous(), w.scales.contiguous()  # the C code reads them as dense
     y = torch.empty(m, w.codes.shape[0], dtype=torch.float32)
-    scales = w.scales.data_ptr() if scaled else None
-    args = (w.codes.data_ptr(), scales, x_perm.data_ptr(), m, words // TILE_WORDS,
+    scales = row_scales.data_ptr() if scaled else None
+    args = (codes.data_ptr(), scales, x_perm.data_ptr(), m, words // TILE_WORDS,
             tiled_word_offset(TILE_ROWS, 0, words), TILE_WORDS, tiled_word_offset(0, TILE_WORDS, words))
     _run_split(lambda n0, n1: lib.fp8_linear_rows(*args, n0, n1, y.data_ptr(), y.shape[1]),
                [(s, s + w.out_features) for s in row_starts], m * w.in_features)

@@ -72,14 +72,20 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
         const int64_t r = n % TILE_ROWS;                                                                    \
         const uint32_t *wrow = codes + (n / TILE_ROWS) * word_rowblock + r * word_row;                       \
         const uint8_t *srow = scales + (n / TILE_ROWS) * scale_rowblock;                                     \
-        /* lane j takes the scale of block j / 2: the row's 8 scale bytes, each twice */                    \
-        int32_t lane_offset[16];                                                                            \
-        for (int j = 0; j < 16; j++) lane_offset[j] = (int32_t)scale_inside[r * 8 + j / 2];                  \
-        const __m512i scale_index = _mm512_loadu_si512(lane_offset);                                        \
+        /* lane j takes the scale of block j / 2: the row's 8 scale bytes, each twice, gathered as the      \
+           aligned 32-bit words that hold them (never past the tile) and shifted down */                     \
+        int32_t lane_word[16], lane_shift[16];                                                              \
+        for (int j = 0; j < 16; j++) {                                                                      \
+            lane_word[j] = (int32_t)(scale_inside[r * 8 + j / 2] >> 2);                                     \
+            lane_shift[j] = (int32_t)(scale_inside[r * 8 + j / 2] & 3) * 8;                                 \
+        }                                                                                                   \
+        const __m512i scale_index = _mm512_loadu_si512(lane_word);                                          \
+        const __m512i scale_shift = _mm512_loadu_si512(lane_shift);                                         \
         for (int64_t t = 0; t < tiles; t++) {                                                               \
             const __m512i w = _mm512_loadu_si512(wrow + t * word_tile);                                     \
             const __m512i sb = _mm512_and_si512(                                                            \
-                _mm512_i32gather_epi32(scale_index, (const void *)(srow + t * scale_tile), 1),              \
+                _mm512_srlv_epi32(_mm512_i32gather_epi32(scale_index, (const void *)(srow + t * scale_tile), 4), \
+                                  scale_shift),                                                             \
                 _mm512_set1_epi32(0xFF));                                                                   \
             const __m512 bs = _mm512_castsi512_ps(_mm512_slli_epi32(sb, 20));                               \
             const float *xp = x_perm + ((m0 * tiles + t) * 8) * TILE_WORDS;                                  \
