@@ -49,6 +49,15 @@ static inline float halving_sum(const float *v) {
 #define AND(w, m) _mm512_and_si512(w, _mm512_set1_epi32(m))
 #define OR(a, b) _mm512_or_si512(a, b)
 
+/* y[m * ldy] = scale * (the lanes of acc[m] added by halving), for the mb rows of x of a call */
+static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, int64_t ldy) {
+    for (int m = 0; m < mb; m++) {
+        float lanes[16];
+        _mm512_storeu_ps(lanes, acc[m]);
+        y[m * ldy] = scale * halving_sum(lanes);
+    }
+}
+
 /* one field of every word of a tile row: decode, then a product per row of x */
 #define NVFP4_STEP(i)                                                                                           \
             {                                                                                               \
@@ -92,11 +101,7 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
             NVFP4_STEP(0) NVFP4_STEP(1) NVFP4_STEP(2) NVFP4_STEP(3)                                         \
             NVFP4_STEP(4) NVFP4_STEP(5) NVFP4_STEP(6) NVFP4_STEP(7)                                         \
         }                                                                                                   \
-        for (int m = 0; m < MB; m++) {                                                                      \
-            float lanes[16];                                                                                \
-            _mm512_storeu_ps(lanes, acc[m]);                                                                \
-            y[(m0 + m) * ldy + n] = out_scale * halving_sum(lanes);                                         \
-        }                                                                                                   \
+        store_rows(acc, MB, out_scale, y + m0 * ldy + n, ldy);                                             \
     }                                                                                                       \
 }
 NVFP4_ROWS(1)
@@ -129,11 +134,7 @@ static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const f
             FP8_STEP(0) FP8_STEP(1) FP8_STEP(2) FP8_STEP(3)                                                 \
         }                                                                                                   \
         const float scale = (row_scale ? row_scale[n] : 1.0f) * 256.0f;                                     \
-        for (int m = 0; m < MB; m++) {                                                                      \
-            float lanes[16];                                                                                \
-            _mm512_storeu_ps(lanes, acc[m]);                                                                \
-            y[(m0 + m) * ldy + n] = scale * halving_sum(lanes);                                             \
-        }                                                                                                   \
+        store_rows(acc, MB, scale, y + m0 * ldy + n, ldy);                                                 \
     }                                                                                                       \
 }
 FP8_ROWS(1)
