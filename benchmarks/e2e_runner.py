@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from nvfp4_linear import graph_time  # noqa: E402
 
-from anyfp4.runtime.bench import bench_model, copy_bandwidth  # noqa: E402
+from anyfp4.bench.model import bench_model, copy_bandwidth  # noqa: E402
 from anyfp4.runtime.generate import forget_decode_graphs  # noqa: E402
-from anyfp4.runtime.random_model import random_model  # noqa: E402
+from anyfp4.bench.random_model import random_model  # noqa: E402
 
 
 def verify_costs(model, ms=range(1, 9), prefix=512, reps=20):

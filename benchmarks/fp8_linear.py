@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nvfp4_linear import PREFILL_M, SHAPES, graph_time  # noqa: E402
 
 from anyfp4.formats.fp8 import FP8Weight, dequantize_fp8  # noqa: E402
-from anyfp4.kernels.fp8_prepack import prepack_fp8  # noqa: E402
-from anyfp4.runtime.bench import copy_bandwidth  # noqa: E402
+from anyfp4.packing.fp8 import prepack_fp8  # noqa: E402
+from anyfp4.bench.model import copy_bandwidth  # noqa: E402
 
 DECODE_M = [1, 2, 4, 8, 16, 32]
 ROTATE_BYTES = 512 * 1024**2

@@ -24,10 +24,10 @@ bench() {  # name, then anyfp4 bench arguments
 case "$stage" in
 check)
     # the CUDA kernel and the W8A8 prefill first (the newest GPU code), then everything else GPU-side
-    timeout 200 python3 -m pytest -q -x tests/kernels/test_weight_mma.py tests/kernels/test_fp8_w8a8.py \
+    timeout 200 python3 -m pytest -q -x tests/kernels/cuda/test_weight_mma.py tests/kernels/test_fp8_w8a8.py \
         -k "not every_variant_compiles" 2>&1 | tail -5 | tee "$OUT/pytest_cuda.txt"
     timeout 150 python3 benchmarks/probes/mma_sweep.py --skip-sweep --out "$OUT/mma_check.json" 2>&1 | tail -8
-    timeout 220 python3 -m pytest -q tests/kernels tests/test_ops.py tests/runtime \
+    timeout 220 python3 -m pytest -q tests/kernels tests/ops tests/runtime tests/nn \
         -k "not aot and not every_variant_compiles and not parallel and not test_weight_mma and not w8a8" \
         2>&1 | tail -5 | tee "$OUT/pytest.txt"
     ;;

@@ -26,11 +26,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4  # noqa: E402
-from anyfp4.kernels.nvfp4_decode import DecodeConfig, FusedConfig, nvfp4_decode_gemm, nvfp4_fused_gemm  # noqa: E402
-from anyfp4.kernels.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm  # noqa: E402
-from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
-from anyfp4.kernels.tuning import heuristic_config  # noqa: E402
-from anyfp4.runtime.bench import copy_bandwidth  # noqa: E402
+from anyfp4.kernels.triton.nvfp4_decode import DecodeConfig, FusedConfig, nvfp4_decode_gemm, nvfp4_fused_gemm  # noqa: E402
+from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm  # noqa: E402
+from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
+from anyfp4.dispatch.tuning import heuristic_config  # noqa: E402
+from anyfp4.bench.model import copy_bandwidth  # noqa: E402
 from anyfp4.ops import linear as nvfp4_op  # noqa: E402
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (3584, 5120), (8704, 5120), (5120, 1536), (5120, 4352),

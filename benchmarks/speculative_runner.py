@@ -82,7 +82,7 @@ def compare_on_prompt(model, prompt: list[int], params: SamplingParams, ks) -> d
 
 
 def random_weight_runs(arch: str, gen_len: int, report: dict, save) -> None:
-    from anyfp4.runtime.random_model import random_model
+    from anyfp4.bench.random_model import random_model
 
     model = random_model(arch, "nvfp4", torch.device("cuda"), torch.bfloat16, progress=False)
     chunk = torch.randint(0, model.args.vocab_size, (16,), generator=torch.Generator().manual_seed(0)).tolist()

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from anyfp4.runtime.generate import SamplingParams, decode_step, generate  # noqa: E402
-from anyfp4.runtime.random_model import random_model  # noqa: E402
+from anyfp4.bench.random_model import random_model  # noqa: E402
 
 
 
@@ -49,7 +49,7 @@ def _device(kind: str, rank: int) -> torch.device:
 
 
 def rank_worker(rank, tp, kind, arch, fmt, prompt, gen_len, forced, port, result_file):
-    from anyfp4.runtime.parallel import init_process_group, run_rank
+    from anyfp4.parallel.tensor_parallel import init_process_group, run_rank
 
     init_process_group(rank, tp, kind, port)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # A runner that starts the tests with SIGINT ignored (GNU time, `cmd &` without job control) would pass that on
 # to every command the signal tests start; they test Ctrl-C as a terminal delivers it.

@@ -24,9 +24,9 @@ RUN = textwrap.dedent("""
     import anyfp4.ops  # noqa: F401
     from anyfp4.runtime.generate import SamplingParams, generate
     from anyfp4.runtime.loader import load_model
-    from anyfp4.runtime.parallel import generate_tp
+    from anyfp4.parallel.tensor_parallel import generate_tp
     from anyfp4.formats.fp8 import quantize_fp8
-    from anyfp4.kernels.fp8_prepack import prepack_fp8
+    from anyfp4.packing.fp8 import prepack_fp8
 
     ckpt, prompts, port = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
     model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)

@@ -4,8 +4,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch, triton, triton.language as tl
 from nvfp4_linear import graph_time, random_nvfp4
-from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4
-from anyfp4.kernels.nvfp4_decode import nvfp4_decode_gemm, DecodeConfig
+from anyfp4.packing.nvfp4 import prepack_nvfp4
+from anyfp4.kernels.triton.nvfp4_decode import nvfp4_decode_gemm, DecodeConfig
 from anyfp4.formats.nvfp4 import dequantize_nvfp4
 
 
@@ -55,7 +55,7 @@ def main():
         # check the fma kernel once
         part = torch.zeros(8, ws[0].codes.shape[0], device=dev)
         fma_call(x, ws[0], part, 64, 128, 1, 0, 4)
-        ref = (x.float() @ dequantize_nvfp4(__import__("anyfp4.kernels.nvfp4_prepack", fromlist=["x"]).unprepack_nvfp4(ws[0])).t())[0]
+        ref = (x.float() @ dequantize_nvfp4(__import__("anyfp4.packing.nvfp4", fromlist=["x"]).unprepack_nvfp4(ws[0])).t())[0]
         got = part[0, :n] * 16384 * ws[0].global_scale * 256  # s is bs*2^-8 here
         print("fma rel err", ((got - ref).norm() / ref.norm()).item(), flush=True)
         wbf = [torch.randn(n, k, device=dev, dtype=torch.float16) for _ in range(2)]

@@ -43,7 +43,7 @@ def call(x, p, part, bn, bk, split, mode, warps):
 
 def main():
     from nvfp4_linear import graph_time, random_nvfp4
-    from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, unprepack_nvfp4
+    from anyfp4.packing.nvfp4 import prepack_nvfp4, unprepack_nvfp4
     from anyfp4.formats.nvfp4 import dequantize_nvfp4
     dev = torch.device("cuda")
     out = {}

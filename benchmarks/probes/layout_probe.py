@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from nvfp4_linear import graph_time, random_nvfp4  # noqa: E402
 
-from anyfp4.kernels import weight_mma  # noqa: E402
-from anyfp4.kernels.weight_mma import MMAConfig, nvfp4_mma_gemm  # noqa: E402
-from anyfp4.runtime.bench import copy_bandwidth  # noqa: E402
+from anyfp4.kernels.cuda import weight_mma  # noqa: E402
+from anyfp4.kernels.cuda.weight_mma import MMAConfig, nvfp4_mma_gemm  # noqa: E402
+from anyfp4.bench.model import copy_bandwidth  # noqa: E402
 
 ROW_MAJOR_COMMIT = "ffc359e"
 BASE = subprocess.run(["git", "-C", str(ROOT), "show", f"{ROW_MAJOR_COMMIT}:src/anyfp4/kernels/cuda/weight_mma.cu"],

@@ -4,7 +4,7 @@ config family, then a launch-config sweep against the production op and bf16 cuB
     python benchmarks/probes/mma_sweep.py --out mma_sweep.json [--quick] [--formats nvfp4 fp8] [--skip-check]
     python benchmarks/probes/mma_sweep.py --skip-check --shapes 6144x4096 3072x4096 --gated 7168x4096 --ms 1 2 4 8
 
-The best config per (format, shape, M) is what `kernels/tuning.py`'s MMA_LAUNCH_TABLE holds; the output file
+The best config per (format, shape, M) is what `dispatch/tuning.py`'s MMA_LAUNCH_TABLE holds; the output file
 also works as it is as an extra table (``ANYFP4_MMA_TABLE=mma_sweep.json``) on GPUs of the same kind. M > 1 is
 swept with the split-K of M = 1 (this run's best, or the table's when M = 1 is not swept), the only split the op
 runs it with.
@@ -28,11 +28,11 @@ from fp8_linear import random_fp8  # noqa: E402
 from nvfp4_linear import ROTATE_BYTES, SHAPES, graph_time, random_nvfp4  # noqa: E402
 
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4  # noqa: E402
-from anyfp4.kernels.fp8_prepack import prepack_fp8, prepack_fp8_gated  # noqa: E402
-from anyfp4.kernels.weight_mma import MMAConfig, fp8_mma_gemm, heuristic_config, n_tiles_for, nvfp4_mma_gemm  # noqa: E402
-from anyfp4.kernels.nvfp4_prepack import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
-from anyfp4.kernels.tuning import mma_config  # noqa: E402
-from anyfp4.runtime.bench import copy_bandwidth  # noqa: E402
+from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated  # noqa: E402
+from anyfp4.kernels.cuda.weight_mma import MMAConfig, fp8_mma_gemm, heuristic_config, n_tiles_for, nvfp4_mma_gemm  # noqa: E402
+from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
+from anyfp4.dispatch.tuning import mma_config  # noqa: E402
+from anyfp4.bench.model import copy_bandwidth  # noqa: E402
 from anyfp4.ops import linear as nvfp4_op  # noqa: E402
 
 import anyfp4.ops  # noqa: E402,F401
@@ -210,7 +210,7 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
 
 
 def table_lines(path: str) -> list[str]:
-    """A sweep file's best configs as ``MMA_LAUNCH_TABLE`` lines (``kernels/tuning.py``), to paste there."""
+    """A sweep file's best configs as ``MMA_LAUNCH_TABLE`` lines (``dispatch/tuning.py``), to paste there."""
     report = json.loads(Path(path).read_text())
     lines = []
     for gated, rows in ((False, report.get("sweep", [])), (True, report.get("gated", []))):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from anyfp4.kernels import nvrtc, weight_mma  # noqa: E402
+from anyfp4.kernels.cuda import nvrtc, weight_mma  # noqa: E402
 
 
 def window_counts(sass: str, mmas_per_step: int) -> tuple[int, collections.Counter]:

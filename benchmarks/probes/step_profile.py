@@ -16,7 +16,7 @@ from collections import defaultdict
 import torch
 
 from anyfp4.runtime.generate import cache_slots, decode_step
-from anyfp4.runtime.random_model import random_model
+from anyfp4.bench.random_model import random_model
 
 
 def kernel_table(model, tok, pos, reps: int = 5) -> list[dict]:
@@ -59,7 +59,7 @@ def main() -> None:
     a = p.parse_args()
     rank, tp = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if tp > 1:
-        from anyfp4.runtime.parallel import init_process_group
+        from anyfp4.parallel.tensor_parallel import init_process_group
 
         init_process_group(rank, tp, "cuda", int(os.environ.get("MASTER_PORT", 29500)))
     dev = torch.device("cuda", rank)

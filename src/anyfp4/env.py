@@ -64,7 +64,7 @@ CPU_KERNEL_CHOICES = ("auto", "c", "reference")
 
 def cpu_kernels() -> str:
     """``ANYFP4_CPU_KERNELS``: quantized linears on the CPU. ``auto`` (default): the C kernels
-    (``kernels/cpu_linear.py``, compiled at first use) where a C compiler builds them, else the pure-torch
+    (``kernels/cpu/linear.py``, compiled at first use) where a C compiler builds them, else the pure-torch
     reference with a warning; ``c``: the C kernels or an error; ``reference``: always the reference."""
     return _choice("ANYFP4_CPU_KERNELS", CPU_KERNEL_CHOICES, "auto")
 

@@ -8,7 +8,7 @@ See ``helpers.pause_at`` for CONTROL_DIR.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path.insert(0, str(Path(__file__).parents[1] / "support"))
 
 from anyfp4 import cli  # noqa: E402
 from anyfp4.checkpoint import replace  # noqa: E402

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from anyfp4.checkpoint.errors import CheckpointError
-from anyfp4.checkpoint.inspect import inspect_checkpoint
+from anyfp4.checkpoint.inspection import inspect_checkpoint
 from anyfp4.checkpoint.writer import QuantizeOptions, quantize_checkpoint
 from anyfp4.runtime.session import Session
 from helpers import edit_json, hard_timeout, write_float_checkpoint

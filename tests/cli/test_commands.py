@@ -46,8 +46,8 @@ def no_weights_read(monkeypatch):
         raise AssertionError("weights were read")
 
     monkeypatch.setattr("anyfp4.runtime.loader.build_model", refuse)
-    monkeypatch.setattr("anyfp4.runtime.random_model.build_model", refuse)
-    monkeypatch.setattr("anyfp4.runtime.parallel.spawn_ranks", refuse)
+    monkeypatch.setattr("anyfp4.bench.random_model.build_model", refuse)
+    monkeypatch.setattr("anyfp4.parallel.tensor_parallel.spawn_ranks", refuse)
     monkeypatch.setattr("anyfp4.demo.smollm2_quantized", refuse)
 
 

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from helpers import TINY_LLAMA, to_compressed_tensors, write_float_checkpoint  # noqa: E402
 

@@ -14,13 +14,13 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from anyfp4.kernels.fp8_linear import fp8_dequant_kernel, fp8_gemv_kernel, fp8_raw_kernel
-from anyfp4.kernels.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kernel, splitk_reduce_kernel
-from anyfp4.kernels.nvfp4_dequant import nvfp4_dequant_kernel
-from anyfp4.kernels.nvfp4_gemv import nvfp4_gemv_kernel
-from anyfp4.kernels.rms_norm import add_rms_norm_kernel, rms_norm_kernel
-from anyfp4.kernels.rope_cache import rope_cache_kernel
-from anyfp4.kernels.small_attention import small_attention_kernel, small_attention_merge_kernel
+from anyfp4.kernels.triton.fp8_linear import fp8_dequant_kernel, fp8_gemv_kernel, fp8_raw_kernel
+from anyfp4.kernels.triton.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kernel, splitk_reduce_kernel
+from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequant_kernel
+from anyfp4.kernels.triton.nvfp4_gemv import nvfp4_gemv_kernel
+from anyfp4.kernels.glue.rms_norm import add_rms_norm_kernel, rms_norm_kernel
+from anyfp4.kernels.glue.rope_cache import rope_cache_kernel
+from anyfp4.kernels.glue.small_attention import small_attention_kernel, small_attention_merge_kernel
 
 ARCHS = [70, 75, 80, 86, 89, 90]
 

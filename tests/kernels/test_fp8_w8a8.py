@@ -6,10 +6,10 @@ import torch
 
 import anyfp4.ops  # noqa: F401  (registers torch.ops.anyfp4)
 from anyfp4.formats.fp8 import dequantize_fp8, e4m3_decode, e4m3_encode
-from anyfp4.kernels.fp8_linear import fp8_raw_kernel
-from anyfp4.kernels.fp8_prepack import prepack_fp8, prepack_fp8_gated
+from anyfp4.kernels.triton.fp8_linear import fp8_raw_kernel
+from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
 from anyfp4.kernels.fp8_w8a8 import raw_weight
-from test_fp8_kernels import random_fp8
+from helpers import random_fp8
 
 N, K = 130, 272  # padded to 256 x 512
 
@@ -113,7 +113,7 @@ def test_opcheck_with_input_scale(device):
 
 def test_layers_carry_the_largest_input_scale(monkeypatch):
     from anyfp4.formats.fp8 import FP8Weight
-    from anyfp4.layers import FP8Linear, fused_linear
+    from anyfp4.nn.linear import FP8Linear, fused_linear
 
     gen = torch.Generator().manual_seed(5)
     base = [random_fp8(64, K, gen, False, "cpu") for _ in range(3)]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from anyfp4.runtime.generate import SamplingParams, decode_step, generate
-from anyfp4.runtime.random_model import random_model
+from anyfp4.bench.random_model import random_model
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -64,7 +64,7 @@ def _threads_for(device):
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         import torch
 
-        from ..kernels.cpu_linear import available_cpus
+        from ..kernels.cpu.linear import available_cpus
 
         torch.set_num_threads(available_cpus())
     return device
@@ -94,7 +94,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Exit 0 valid, 1 invalid, 2 unreadable (and for an internal error: never 1, which is a verdict)."""
-    from ..checkpoint.inspect import exit_code, inspect_checkpoint, print_report
+    from ..checkpoint.inspection import exit_code, inspect_checkpoint, print_report
 
     try:
         report = inspect_checkpoint(args.path, check_values=not args.headers_only, progress=not args.json)
@@ -174,7 +174,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _generate_tp(args: argparse.Namespace, session, prompts: list[list[int]], params, device) -> int:
     from dataclasses import replace
 
-    from ..runtime.parallel import generate_tp
+    from ..parallel.tensor_parallel import generate_tp
     from ..runtime.session import pick_dtype
 
     dtype = str(pick_dtype(args.dtype, device)).replace("torch.", "")
@@ -206,7 +206,7 @@ def _check_bench_spec(spec: str, args: argparse.Namespace) -> None:
     from ..runtime.generate import check_context
 
     if spec.startswith("random:"):
-        from ..runtime.random_model import random_args
+        from ..bench.random_model import random_args
 
         _, arch, fmt = spec.split(":")
         model_args = random_args(arch, fmt)
@@ -221,9 +221,9 @@ def _check_bench_spec(spec: str, args: argparse.Namespace) -> None:
 
 
 def _bench_one(spec: str, args: argparse.Namespace, device, dtype) -> dict:
-    from ..runtime.bench import bench_model
+    from ..bench.model import bench_model
     from ..runtime.loader import load_model
-    from ..runtime.random_model import random_model
+    from ..bench.random_model import random_model
 
     if spec.startswith("random:"):
         _, arch, fmt = spec.split(":")
@@ -245,7 +245,7 @@ def _bench_one(spec: str, args: argparse.Namespace, device, dtype) -> dict:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ..runtime.bench import copy_bandwidth
+    from ..bench.model import copy_bandwidth
     from ..runtime.session import pick_device, pick_dtype
 
     if (args.model is None) == (args.random_weights is None):
@@ -269,7 +269,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     dtype = pick_dtype(args.dtype, device)
     copy = copy_bandwidth(device)
     if args.tp > 1:
-        from ..runtime.bench_tp import bench_tp
+        from ..bench.tensor_parallel import bench_tp
 
         dtype_name = str(dtype).replace("torch.", "")
         results = [bench_tp(spec, args.tp, device.type, dtype_name, args.prompt_len, args.gen_len, args.batch,
@@ -318,7 +318,7 @@ WHY_4BIT_HURTS = ("4-bit weights cost a 135M model more than a large one: it has
 def cmd_demo(args: argparse.Namespace) -> int:
     """Quantize SmolLM2-135M-Instruct, inspect the ``--format`` checkpoint, then let the bf16 original and each
     quantized format answer the prompt, with the bytes each reads per token."""
-    from ..checkpoint.inspect import inspect_checkpoint, print_report
+    from ..checkpoint.inspection import inspect_checkpoint, print_report
     from ..demo import smollm2_bf16, smollm2_quantized
     from ..runtime.generate import SamplingParams
     from ..runtime.session import Session, pick_device

@@ -192,8 +192,8 @@ class AnyFP4LinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer) -> None:
         from ..formats.fp8 import FP8Weight
         from ..formats.nvfp4 import NVFP4Weight
-        from ..kernels.fp8_prepack import prepack_fp8
-        from ..kernels.nvfp4_prepack import prepack_nvfp4
+        from ..packing.fp8 import prepack_fp8
+        from ..packing.nvfp4 import prepack_nvfp4
 
         names, sizes = layer.anyfp4_names, layer.anyfp4_partitions
         weight = getattr(layer, names["weight"]).data

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .fp8_prepack import FP8Prepacked, gather_fp8_words
-from .nvfp4_prepack import untile_words
+from ..packing.fp8 import FP8Prepacked, gather_fp8_words
+from ..packing.nvfp4 import untile_words
 
 E4M3_MAX = 448.0
 
@@ -29,7 +29,7 @@ def raw_weight(w: FP8Prepacked, row0: int = 0) -> torch.Tensor:
     if not w.codes.is_cuda:
         half = gather_fp8_words(untile_words(w.codes[row0:row0 + rows]))
         return half.contiguous().view(torch.float8_e4m3fn)
-    from .fp8_linear import fp8_raw_weight
+    from .triton.fp8_linear import fp8_raw_weight
 
     return fp8_raw_weight(w, row0, rows)
 

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from ..checkpoint.errors import CheckpointError
 from ..checkpoint.reader import CheckpointReader
-from ..layers import DenseLinear, GatedMLP, fused_linear, make_linear
+from ..nn.linear import DenseLinear, GatedMLP, fused_linear, make_linear
 from .config import ModelArgs
 from .model import Attention, Block, RMSNorm, Transformer
 from .plan import ModelPlan, plan_checkpoint

@@ -2,7 +2,7 @@
 
 RMSNorm, rotary embeddings (HF "rotate half" convention, llama3 scaling), grouped-query
 attention, SwiGLU, tied or untied embeddings, q/k/v biases (Qwen2), q/k RMSNorm (Qwen3). The
-linears are built by the loader (``layers.py``): the model never sees a weight format.
+linears are built by the loader (``nn/linear.py``): the model never sees a weight format.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
-from ..kernels.glue_reference import rope_cache_reference
+from ..kernels.glue.reference import rope_cache_reference
 from .config import ModelArgs, rope_inv_freq
 
 

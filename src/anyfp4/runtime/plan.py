@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from ..checkpoint.errors import CheckpointError
-from ..checkpoint.layers import FLOAT_DTYPES, IGNORED_SUFFIXES, LayerSpec
+from ..checkpoint.modules import FLOAT_DTYPES, IGNORED_SUFFIXES, LayerSpec
 from ..checkpoint.reader import CheckpointReader
 from .config import ModelArgs
 

@@ -1,6 +1,6 @@
 /* Weight-only NVFP4 / FP8 linears on the CPU, reading the GPU prepack as it is (no untiling per call).
 
-   Built at first use by the system C compiler (kernels/cpu_linear.py), which passes the layout as defines
+   Built at first use by the system C compiler (kernels/cpu/linear.py), which passes the layout as defines
    taken from the prepack modules, the one owner of the layout:
      TILE_ROWS, TILE_WORDS     a storage tile: TILE_ROWS rows x TILE_WORDS int32 words, row-major inside
      NVFP4_CODE_i(w)           for i = 0..7: code i of word w (magnitude bits 0..2, sign at bit 3)
@@ -21,14 +21,14 @@
 #include <string.h>
 
 #ifndef TILE_ROWS
-#error "TILE_ROWS, TILE_WORDS, NVFP4_CODE_i and FP8_MAGNITUDE_i / FP8_SIGN_i come from kernels/cpu_linear.py"
+#error "TILE_ROWS, TILE_WORDS, NVFP4_CODE_i and FP8_MAGNITUDE_i / FP8_SIGN_i come from kernels/cpu/linear.py"
 #endif
 
 static inline float as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t as_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 /* E2M1 magnitudes times 2^117; a prepacked scale byte shifted into a float's exponent field is bs * 2^-117
-   (kernels/nvfp4_prepack.py), so their product is e2m1 * bs exactly. */
+   (packing/nvfp4.py), so their product is e2m1 * bs exactly. */
 #define P117 1.6615349947311448e+35f
 static const float e2m1_x2p117[8] = {0.0f, 0.5f * P117, 1.0f * P117, 1.5f * P117,
                                      2.0f * P117, 3.0f * P117, 4.0f * P117, 6.0f * P117};

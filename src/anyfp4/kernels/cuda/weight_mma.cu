@@ -75,7 +75,7 @@ typedef unsigned short u16;
 #endif
 
 // The PTX primitives: an f16x2 / bf16x2 multiply, the m16n8k16 mma, conversions, asynchronous copies. A host build of this file
-// (tests/kernels/host_cuda.h, which runs the kernel on a CPU) defines WEIGHT_MMA_HOST and brings its own.
+// (tests/support/host_cuda.h, which runs the kernel on a CPU) defines WEIGHT_MMA_HOST and brings its own.
 #ifndef WEIGHT_MMA_HOST
 __device__ __forceinline__ u32 mul2(u32 a, u32 b) {
     u32 d;

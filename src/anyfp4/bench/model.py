@@ -1,0 +1,133 @@
+"""``anyfp4 bench``: prefill and decode speed of a model, and the bandwidth its decode achieves."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import torch
+
+from ..nn.linear import DenseLinear, FP8Linear, NVFP4Linear
+from ..runtime.model import Transformer
+
+
+def weight_bytes_per_token(model: Transformer) -> int:
+    """The fewest weight bytes one decode step reads: every linear once (NVFP4: codes + block
+    scales of the unpadded weight) plus one embedding row."""
+    total = model.embed.shape[1] * model.embed.element_size()
+    for m in model.modules():
+        if isinstance(m, NVFP4Linear):
+            rows = m.out_features * (2 if m.up_offset else 1)
+            total += rows * m.in_features // 2 + rows * m.in_features // 16
+        elif isinstance(m, FP8Linear):
+            total += m.out_features * (2 if m.up_offset else 1) * m.in_features
+        elif isinstance(m, DenseLinear):
+            total += m.weight.numel() * m.weight.element_size()
+    return total
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, gib: int = 1, repeats: int = 7) -> float | None:
+    """Read + write bytes per second of a ``gib`` GiB device-to-device copy (median); None on the CPU."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(gib * 1024**3 // 2, dtype=torch.bfloat16, device=device).uniform_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        dst.copy_(src)
+        e.record()
+        torch.cuda.synchronize(device)
+        times.append(s.elapsed_time(e) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * gib * 1024**3 / sorted(times)[len(times) // 2]
+
+
+@torch.no_grad()
+def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, seed: int = 0,
+                compile_decode: bool = False, speculate: int = 0, draft_model: Transformer | None = None) -> dict:
+    """Prefill and decode speed on a random prompt. ``speculate`` = k > 0 also runs greedy speculative
+    decoding with k drafted tokens (prompt lookup, or ``draft_model``) on the first prompt and reports its
+    speed, acceptance length and whether its text equals plain decoding; the prompt then repeats a
+    16-token random chunk, so that prompt lookup finds something (batch 1 only)."""
+    from ..runtime.generate import decode_step
+
+    device = model.device
+    step_fn = decode_step(model, compile_decode)
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.args.vocab_size, (batch, prompt_len), generator=gen).to(device)
+    if speculate:
+        if batch != 1:
+            raise ValueError("bench with speculation runs batch 1")
+        prompt = prompt[:, :16].repeat(1, -(-prompt_len // 16))[:, :prompt_len]
+    from ..runtime.generate import cache_slots
+
+    model.setup_caches(batch, cache_slots(prompt_len, gen_len, model.args.max_position_embeddings))
+    model(prompt[:, :8], torch.arange(8, device=device))  # warm-up: kernels compiled, caches touched
+    model(prompt, torch.arange(prompt_len, device=device))  # and the prefill path's (the timed prefill rewrites it)
+    for i in range(3):  # compiles / captures the decode step when asked to; inputs built like the real ones
+        tok = torch.empty(batch, dtype=torch.long, device=device).copy_(prompt[:, i])  # same strides as argmax
+        step_fn(tok[:, None], torch.tensor([8 + i], device=device))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    _sync(device)
+    t0 = time.perf_counter()
+    logits = model(prompt, torch.arange(prompt_len, device=device))
+    _sync(device)
+    t_prefill = time.perf_counter() - t0
+    tokens = []
+    nxt = logits[:, -1].argmax(-1)
+    _sync(device)
+    t0 = time.perf_counter()
+    for step in range(gen_len):
+        tokens.append(nxt)
+        if step == gen_len - 1:
+            break
+        logits = step_fn(nxt[:, None], torch.tensor([prompt_len + step], device=device))
+        nxt = logits[:, -1].argmax(-1)
+    _sync(device)
+    t_decode = time.perf_counter() - t0
+    steps = max(gen_len - 1, 1)
+    out = torch.stack(tokens, dim=1).tolist()
+    per_token = weight_bytes_per_token(model)
+    result = {
+        "device": str(device), "dtype": str(model.dtype).replace("torch.", ""),
+        "prompt_len": prompt_len, "gen_len": gen_len, "batch": batch,
+        "prefill_tok_s": batch * prompt_len / t_prefill,
+        "decode_tok_s": batch * steps / t_decode,
+        "ms_per_step": 1e3 * t_decode / steps,
+        "weight_bytes_per_step": per_token,
+        "bandwidth_GBps": per_token * steps / t_decode / 1e9,
+        "sha256": hashlib.sha256(repr(out).encode()).hexdigest(),
+        "compiled_decode": compile_decode,
+        "decode_step": "torch.compile" if compile_decode else ("cuda graph" if device.type == "cuda" else "eager"),
+    }
+    if device.type == "cuda":
+        result["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 1024**3
+    if speculate:
+        from ..runtime.generate import SamplingParams
+        from ..runtime.speculative import generate_speculative
+
+        params = SamplingParams(max_new_tokens=gen_len)
+        generate_speculative(model, prompt[0, :8].tolist(), SamplingParams(max_new_tokens=4), speculate, draft_model)
+        _sync(device)
+        t0 = time.perf_counter()
+        spec_tokens, stats = generate_speculative(model, prompt[0].tolist(), params, speculate, draft_model)
+        _sync(device)
+        t_spec = max(time.perf_counter() - t0 - t_prefill, 1e-9)  # minus the prefill measured above
+        result["speculative"] = {
+            "draft_tokens": speculate, "drafter": "draft model" if draft_model is not None else "prompt lookup",
+            "verify_steps": stats.verify_steps, "acceptance_length": stats.acceptance_length,
+            "decode_tok_s": (len(spec_tokens) - 1) / t_spec,
+            "speedup": (len(spec_tokens) - 1) / t_spec / result["decode_tok_s"],
+            "sha256": hashlib.sha256(repr([spec_tokens]).encode()).hexdigest(),
+            "same_text": spec_tokens == out[0],
+        }
+    return result

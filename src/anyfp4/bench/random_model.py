@@ -1,0 +1,111 @@
+"""Models of real shape with random weights, made directly on the device: speed work without downloads.
+
+Random but valid: NVFP4 codes uniform over all 16 values with positive normal block scales and
+one global scale per fused group; FP8 bytes over the finite range with per-tensor scales (and a
+static activation scale, as W8A8 checkpoints carry); float weights Gaussian. Never zeros (a kernel
+must not be timed on zeros).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats.fp8 import FP8Weight
+from ..formats.nvfp4 import NVFP4Weight
+from ..runtime.config import ModelArgs
+from ..runtime.loader import WeightSource, build_model
+
+ARCHS = {
+    "llama-3.1-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                         num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
+                         rope_theta=500000.0, rope_scaling=(8.0, 1.0, 4.0, 8192), max_position_embeddings=131072),
+    "qwen3-8b": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                     num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                     rope_theta=1000000.0, max_position_embeddings=40960, qk_norm=True),
+    "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5,
+                         rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True),
+}
+FORMATS = ("nvfp4", "fp8", "mixed", "bf16")
+
+
+QUANTIZED_HEAD = "+lm_head"  # format suffix: the lm_head quantized too (NVFP4 for mixed)
+
+
+def check_random_format(fmt: str, tied: bool) -> str:
+    """``fmt`` without its ``+lm_head`` suffix; a ValueError for a format random weights do not come in."""
+    base = fmt.removesuffix(QUANTIZED_HEAD)
+    if base not in FORMATS:
+        raise ValueError(f"random weights come as {', '.join(FORMATS)} (optionally {QUANTIZED_HEAD}), not {fmt!r}")
+    if base != fmt and (base == "bf16" or tied):
+        raise ValueError(f"{fmt!r}: " + ("a bf16 model has no quantized lm_head" if base == "bf16" else
+                                         "this architecture ties its lm_head to the embeddings"))
+    return base
+
+
+def random_args(arch: str, fmt: str) -> ModelArgs:
+    """The shape of ``arch`` with ``fmt`` checked against it, before any weights are made."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+    args = ModelArgs(**ARCHS[arch])
+    check_random_format(fmt, args.tie_word_embeddings)
+    return args
+
+
+class RandomSource(WeightSource):
+    """``fmt``: one of ``FORMATS``, the lm_head bf16 (as ModelOpt exports keep it), or with the suffix
+    ``+lm_head`` quantized like the rest (as ``anyfp4 quantize --no-default-exclude`` writes it)."""
+
+    def __init__(self, fmt: str, device, seed: int = 0, tied: bool = False):
+        base = check_random_format(fmt, tied)
+        self.quantized_head = base != fmt
+        self.fmt, self.device, self.tied = base, torch.device(device), tied
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+
+    def _format_of(self, name: str) -> str:
+        if name == "lm_head" and self.quantized_head:
+            return "nvfp4" if self.fmt == "mixed" else self.fmt
+        if name == "lm_head" or self.fmt == "bf16":
+            return "bf16"
+        if self.fmt == "mixed":
+            return "fp8" if ".self_attn." in name else "nvfp4"
+        return self.fmt
+
+    def linear(self, name, out_features, in_features):
+        fmt, d, g = self._format_of(name), self.device, self.gen
+        if fmt == "nvfp4":
+            packed = torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8, device=d, generator=g)
+            scales = torch.randint(0x28, 0x50, (out_features, in_features // 16), dtype=torch.uint8, device=d,
+                                   generator=g)
+            # one global scale for every projection: fused groups (q/k/v, gate/up) share it
+            return NVFP4Weight(packed, scales.view(torch.float8_e4m3fn), torch.tensor(2e-3, device=d)), None
+        if fmt == "fp8":
+            raw = torch.randint(0, 0x7E, (out_features, in_features), dtype=torch.uint8, device=d, generator=g)
+            sign = torch.randint(0, 2, raw.shape, dtype=torch.uint8, device=d, generator=g) << 7
+            # a static activation scale as a W8A8 checkpoint carries one (|x| up to 448 * 0.05 = 22.4)
+            return FP8Weight((raw | sign).view(torch.float8_e4m3fn), torch.tensor(1e-4, device=d),
+                             torch.tensor(0.05, device=d)), None
+        w = torch.randn(out_features, in_features, device=d, generator=g) * in_features**-0.5
+        return w.to(torch.bfloat16), None
+
+    def tensor(self, name, shape, device, dtype):
+        if name.endswith("norm.weight"):
+            return torch.ones(shape, device=device, dtype=dtype)
+        return (torch.randn(shape, device=self.device, generator=self.gen) * 0.02).to(device=device, dtype=dtype)
+
+    def has_linear(self, name):
+        return name == "lm_head" and not self.tied
+
+
+def random_model(arch: str, fmt: str, device, dtype, seed: int = 0, progress: bool = True, rank: int = 0,
+                 tp: int = 1):
+    """A model of ``arch``'s shape with random ``fmt`` weights made on ``device``; with ``tp`` > 1 rank
+    ``rank``'s shard of it (every rank draws the same full tensors and keeps its slice)."""
+    args = random_args(arch, fmt)
+    src = RandomSource(fmt, device, seed, tied=args.tie_word_embeddings)
+    if tp > 1:
+        from ..parallel.tensor_parallel import build_model_tp
+
+        return build_model_tp(args, src, device, dtype, rank, tp, progress)
+    with torch.no_grad():
+        return build_model(args, src, torch.device(device), dtype, progress)

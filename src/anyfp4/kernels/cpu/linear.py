@@ -1,0 +1,282 @@
+"""Quantized linears on the CPU at CPU speed: ``cpu/weight_cpu.c`` reads the GPU prepacks as they are.
+
+The C source is compiled at first use by the system C compiler (``$CC``, else ``cc`` / ``gcc``) for this
+machine (``-march=native``) and cached under ``anyfp4``'s cache directory, keyed by the source, the flags,
+the compiler's version and the CPU; without a compiler the ops fall back to the pure-torch reference (with
+one warning). The layout reaches the C code as defines and strides computed here from the prepack modules'
+own constants and offset functions, so the prepack modules stay its only owner.
+
+The output rows of a call are split between threads (``torch.get_num_threads()`` of them, at most one per
+CPU this process may run on); each thread runs the C function on its rows with the GIL released (ctypes).
+Every output row is one fixed sequence of float32 operations, so its bits depend neither on the other rows
+of x in the call nor on the threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+
+import torch
+
+from ...packing.fp8 import BYTE_BITS, FP8Prepacked
+from ...packing.nvfp4 import CODE_BITS, TILE_ROWS, NVFP4Prepacked, tiled_scale_offset, tiled_word_offset
+
+SOURCE = Path(__file__).with_name("weight_cpu.c")
+TILE_WORDS = 16  # words per row of a storage tile, both formats (NVFP4: 128 k, FP8: 64 k)
+SCALE_BLOCKS = TILE_WORDS // 2  # NVFP4 block scales per tile row (a block of 16 k spans two words)
+MIN_THREAD_WORK = 1 << 18  # multiply-adds below which another thread costs more than it saves (~20 us)
+_FLAGS = ("-O3", "-ffp-contract=fast", "-fno-math-errno", "-std=c11", "-shared", "-fPIC")
+_ARCH_FLAGS = (("-march=native",), ("-mcpu=native",))  # the first the compiler takes, else none
+
+
+def _field_expression(bits: tuple[int, ...]) -> str:
+    """A C expression of SRL / SHL / AND / OR moving word bits ``bits[b]`` to bit b (runs of consecutive
+    positions move together)."""
+    parts, b = [], 0
+    while b < len(bits):
+        run = 1
+        while b + run < len(bits) and bits[b + run] == bits[b] + run:
+            run += 1
+        parts.append(f"SHL(AND(SRL(w,{bits[b]}),{(1 << run) - 1}),{b})")
+        b += run
+    expr = parts[0]
+    for part in parts[1:]:
+        expr = f"OR({expr},{part})"
+    return expr
+
+
+def _defines() -> list[str]:
+    defines = [f"-DTILE_ROWS={TILE_ROWS}", f"-DTILE_WORDS={TILE_WORDS}"]
+    defines += [f"-DNVFP4_CODE_{i}(w)={_field_expression(bits)}" for i, bits in enumerate(CODE_BITS)]
+    defines += [f"-DFP8_MAGNITUDE_{i}(w)={_field_expression(bits[:7])}" for i, bits in enumerate(BYTE_BITS)]
+    defines += [f"-DFP8_SIGN_{i}(w)={_field_expression(bits[7:])}" for i, bits in enumerate(BYTE_BITS)]
+    return defines
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_signature() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return platform.processor()
+
+
+def _arch_flags(cc: str) -> tuple[str, ...]:
+    """The first of ``_ARCH_FLAGS`` the compiler takes (x86: -march=native, Arm: -mcpu=native)."""
+    for flags in _ARCH_FLAGS:
+        probe = subprocess.run([cc, *flags, "-E", "-x", "c", os.devnull], capture_output=True, timeout=60)
+        if probe.returncode == 0:
+            return flags
+    return ()
+
+
+def _build(cc: str, out_dir: Path, extra: tuple[str, ...] = ()) -> Path:
+    """Compile the source into ``out_dir`` (atomically renamed into place); returns the shared library.
+    ``extra``: more flags (the tests build ``-DWEIGHT_CPU_PORTABLE``, the plain-C path, too)."""
+    source = SOURCE.read_text()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    flags = [*_FLAGS, *_arch_flags(cc), *_defines(), *extra]
+    key = hashlib.sha256("\0".join([source, version, _cpu_signature(), platform.machine(), *flags]).encode())
+    lib = out_dir / f"weight_cpu-{key.hexdigest()[:16]}.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        run = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
+        if run.returncode != 0:
+            last = (run.stderr.strip().splitlines() or [f"exit code {run.returncode}"])[-1]
+            raise OSError(f"{cc} could not compile {SOURCE.name}: {last}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, lib)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+def open_library(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    lib.nvfp4_linear_rows.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, i64, i64, f32, ptr, i64]
+    lib.fp8_linear_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, ptr, i64]
+    lib.nvfp4_linear_rows.restype = lib.fp8_linear_rows.restype = None
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> ctypes.CDLL | OSError:
+    """The compiled kernels, or the reason they cannot be built (kept, so a failed build is tried once)."""
+    from ...env import cache_dir
+
+    cc = _compiler()
+    try:
+        if cc is None:
+            raise OSError("no C compiler found (install gcc or set CC)")
+        return open_library(_build(cc, cache_dir() / "cpu-kernels"))
+    except (OSError, subprocess.SubprocessError) as e:
+        return e if isinstance(e, OSError) else OSError(str(e))
+
+
+def library() -> ctypes.CDLL | None:
+    """The C kernels, or None where ``ANYFP4_CPU_KERNELS=reference`` or no compiler builds them (warned once;
+    ``ANYFP4_CPU_KERNELS=c`` makes that an error)."""
+    from ...env import cpu_kernels
+
+    mode = cpu_kernels()
+    if mode == "reference":
+        return None
+    lib = _load()
+    if isinstance(lib, OSError):
+        if mode == "c":
+            raise lib
+        _warn_unavailable(str(lib))
+        return None
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_unavailable(reason: str) -> None:
+    warnings.warn(f"anyfp4: the CPU kernels are not available ({reason}); quantized linears on the CPU use the "
+                  f"much slower pure-torch reference", stacklevel=3)
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota (a container's
+    ``--cpus``), which the affinity does not show."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def threads() -> int:
+    """Threads for one call: torch's intra-op count, at most one per CPU this process may run on."""
+    return max(1, min(torch.get_num_threads(), available_cpus()))
+
+
+@functools.lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1), thread_name_prefix="anyfp4-cpu")
+
+
+def _run_split(run, ranges: list[tuple[int, int]], work_per_row: int) -> None:
+    """``run(n0, n1)`` over every range, the ranges cut at row-block boundaries and shared between threads
+    (no more threads than there are ``MIN_THREAD_WORK`` multiply-adds for)."""
+    total = sum(b - a for a, b in ranges)
+    parts = min(threads(), max(1, total * work_per_row // MIN_THREAD_WORK))
+    share = -(-total // parts // TILE_ROWS) * TILE_ROWS if parts > 1 else total
+    pieces = []
+    for a, b in ranges:
+        for n0 in range(a, b, max(share, TILE_ROWS)):
+            pieces.append((n0, min(b, n0 + max(share, TILE_ROWS))))
+    if len(pieces) == 1 or parts == 1:
+        for piece in pieces:
+            run(*piece)
+        return
+    futures = [_pool().submit(run, *piece) for piece in pieces[1:]]
+    try:
+        run(*pieces[0])
+    finally:  # the C calls read the caller's tensors: none may still run when this returns (or raises)
+        wait(futures)
+    for f in futures:
+        f.result()
+
+
+def _permuted(x2: torch.Tensor, k_pad: int, fields: int) -> torch.Tensor:
+    """x (M, K) -> float32 (M, tiles, fields, TILE_WORDS): field i of word j of each tile row, zero past K."""
+    m, k = x2.shape
+    xp = torch.zeros(m, k_pad, dtype=torch.float32)
+    xp[:, :k] = x2
+    return xp.view(m, k_pad // (TILE_WORDS * fields), TILE_WORDS, fields).transpose(2, 3).contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def _nvfp4_strides(words_per_row: int, blocks_per_row: int) -> tuple[torch.Tensor, int, int, int, int, int]:
+    """(scale offsets inside a tile per row and block, word stride per row block / row / tile, scale stride per
+    row block / tile), from the prepack's offset functions."""
+    if any(tiled_word_offset(r, j, words_per_row) != r * TILE_WORDS + j for r in range(TILE_ROWS)
+           for j in range(TILE_WORDS)):
+        raise AssertionError("weight_cpu.c reads tile rows of TILE_WORDS consecutive words")
+    inside = torch.tensor([[tiled_scale_offset(r, b, blocks_per_row) for b in range(SCALE_BLOCKS)]
+                           for r in range(TILE_ROWS)], dtype=torch.int64)
+    return (inside, tiled_word_offset(TILE_ROWS, 0, words_per_row), TILE_WORDS,
+            tiled_word_offset(0, TILE_WORDS, words_per_row), tiled_scale_offset(TILE_ROWS, 0, blocks_per_row),
+            tiled_scale_offset(0, SCALE_BLOCKS, blocks_per_row))
+
+
+def nvfp4_rows(lib, x2: torch.Tensor, w: NVFP4Prepacked, row_starts: tuple[int, ...], global_scale: float | None):
+    """float32 (M, len(row_starts) * N): ``x @ W^T`` for the N weight rows from each start (0, or ``up_offset``
+    for the up half of a gated prepack), times ``global_scale`` (None: the sums before it)."""
+    m = x2.shape[0]
+    words = w.codes.shape[1]
+    x_perm = _permuted(x2, words * 8, 8)
+    codes, scales = w.codes.contiguous(), w.scales.contiguous()  # the C code reads them as dense row-major
+    inside, word_rowblock, word_row, word_tile, scale_rowblock, scale_tile = _nvfp4_strides(words, words // 2)
+    y = torch.empty(m, w.codes.shape[0], dtype=torch.float32)
+    out_scale = 1.0 if global_scale is None else global_scale
+    args = (codes.data_ptr(), scales.data_ptr(), x_perm.data_ptr(), m, inside.data_ptr(), words // TILE_WORDS,
+            word_rowblock, word_row, word_tile, scale_rowblock, scale_tile)
+    _run_split(lambda n0, n1: lib.nvfp4_linear_rows(*args, n0, n1, out_scale, y.data_ptr(), y.shape[1]),
+               [(s, s + w.out_features) for s in row_starts], m * w.in_features)
+    return torch.cat([y[:, s:s + w.out_features] for s in row_starts], dim=1)
+
+
+def fp8_rows(lib, x2: torch.Tensor, w: FP8Prepacked, row_starts: tuple[int, ...], scaled: bool):
+    """float32 (M, len(row_starts) * N): ``x @ W^T`` for the N rows from each start, times the row scales
+    (``scaled``) or before them."""
+    m = x2.shape[0]
+    words = w.codes.shape[1]
+    x_perm = _permuted(x2, words * 4, 4)
+    codes, row_scales = w.codes.contiguous(), w.scales.contiguous()  # the C code reads them as dense
+    y = torch.empty(m, w.codes.shape[0], dtype=torch.float32)
+    scales = row_scales.data_ptr() if scaled else None
+    args = (codes.data_ptr(), scales, x_perm.data_ptr(), m, words // TILE_WORDS,
+            tiled_word_offset(TILE_ROWS, 0, words), TILE_WORDS, tiled_word_offset(0, TILE_WORDS, words))
+    _run_split(lambda n0, n1: lib.fp8_linear_rows(*args, n0, n1, y.data_ptr(), y.shape[1]),
+               [(s, s + w.out_features) for s in row_starts], m * w.in_features)
+    return torch.cat([y[:, s:s + w.out_features] for s in row_starts], dim=1)
+
+
+def linear_on_rows(x: torch.Tensor, w: NVFP4Prepacked | FP8Prepacked, bias: torch.Tensor | None, partial: bool,
+                   rows) -> torch.Tensor:
+    """An op's result from ``rows(x2, row_starts, scaled)`` (``nvfp4_rows`` / ``fp8_rows`` bound to a weight):
+    ``partial``: the float32 sums before the weight's scale; gated: ``silu(gate) * up``; else plus ``bias``,
+    rounded to x's dtype."""
+    x2 = x.reshape(-1, w.in_features)
+    shape = (*x.shape[:-1], w.out_features)
+    if partial:
+        return rows(x2, (0,), False).reshape(shape)
+    if w.gated:
+        gate, up = rows(x2, (0, w.up_offset), True).split(w.out_features, dim=1)
+        y = torch.nn.functional.silu(gate) * up
+    else:
+        y = rows(x2, (0,), True)
+        if bias is not None:
+            y = y + bias.float()
+    return y.to(x.dtype).reshape(shape)

@@ -1,0 +1,220 @@
+"""Weight-only decode GEMM for M <= 32 on sm_80+ as a CUDA C++ kernel (``cuda/weight_mma.cu``, compiled at
+run time by NVRTC) for NVFP4 and FP8 prepacks: weights decoded in registers straight into the A operand of
+``mma.sync`` m16n8k16, so nothing but the activations goes through shared memory. The source file explains
+the decode and the split-K; this module holds launch configurations and the launchers.
+
+It reads the same prepacks as the Triton kernels (``nvfp4_prepack``, ``fp8_prepack``), which stay the
+portable path for sm_70/75 and wherever NVRTC is missing; ``ANYFP4_KERNELS=triton`` forces them.
+
+Split-K blocks meet through per-device arrival counters (``reserve_counters``), reserved when a prepack
+is made on a GPU so that CUDA-graph capture never allocates; kernels sharing them must run on one
+stream at a time (as a model's layers do).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+
+from . import nvrtc
+
+MAX_MMA_M = 32
+MIN_SM = 80
+STEP_K = {"nvfp4": 128, "fp8": 64}  # k per main-loop step
+KERNEL = "anyfp4_weight_mma"
+
+
+@dataclass(frozen=True)
+class MMAConfig:
+    mt: int = 1  # m16 tiles per warp
+    warps: int = 8
+    split_k: int = 1
+    depth: int = 2  # main-loop steps of code words in flight per thread
+
+
+@functools.cache
+def _source() -> str:
+    return resources.files("anyfp4.kernels.cuda").joinpath("weight_mma.cu").read_text()
+
+
+def n_tiles_for(m: int) -> int:
+    return 1 if m <= 8 else 2 if m <= 16 else 4
+
+
+def rows_per_block(c: MMAConfig) -> int:
+    return c.warps * c.mt * 16
+
+
+# Shared memory for one block's staged activations (capped by the GPU's opt-in limit): more k per round means
+# fewer __syncthreads rounds for M > 8 (H200, results/smem_stage_h200.json: 32 -> 128 KiB took M = 32 on
+# 14336x4096 from 49.7 to 42.8 us and M = 16 from 30.1 to 28.1 us, bits unchanged).
+STAGE_BYTES = 128 * 1024
+
+
+XS_PAD = {"nvfp4": 16, "fp8": 2}  # words per staged row beyond kc / 2 (the source's XS_PAD: no bank conflicts)
+
+
+def stage_bytes_for(m: int, kc: int, fmt: str = "nvfp4") -> int:
+    """Dynamic shared memory of a block staging ``kc`` k of ``m`` activation rows."""
+    return m * (kc // 2 + XS_PAD[fmt]) * 4
+
+
+def stage_k(m: int, stage_bytes: int | None = None, least: int = 128, fmt: str = "nvfp4") -> int:
+    """k staged in shared memory per round: a power of two in [``least``, 4096] (``least``: a power of two, the k
+    of one pass of the kernel's ring, which rounds must be whole passes of), at most ``STAGE_BYTES`` unless even
+    ``least`` is more."""
+    cap = stage_bytes or STAGE_BYTES
+    kc = 4096
+    while kc > least and stage_bytes_for(m, kc, fmt) > cap:
+        kc //= 2
+    return kc
+
+
+def heuristic_config(n_rows: int, k_pad: int, m: int, sms: int, gated: bool, fmt: str = "nvfp4") -> MMAConfig:
+    """Eight warps of 16 rows per block; split-K to about four blocks per multiprocessor (a power of two,
+    at least four steps per block, fp32 partials under a fifth of the weight bytes)."""
+    c = MMAConfig()
+    blocks = -(-n_rows // rows_per_block(c))
+    steps = k_pad // STEP_K[fmt]
+    weight_bytes = k_pad * (0.5625 if fmt == "nvfp4" else 1.0)
+    split = 1
+    while (blocks * split * 2 <= 4 * sms * 1.5 and steps // (split * 2) >= 4
+           and (split * 2) * m * 8 * (2 if gated else 1) <= 0.2 * weight_bytes):
+        split *= 2
+    return MMAConfig(split_k=split, depth=4 if blocks * split >= 2 * sms and steps // split >= 16 else 2)
+
+
+_COUNTERS: dict[int, torch.Tensor] = {}
+COUNTER_SLOTS = 1 << 16
+
+
+def reserve_counters(device: torch.device) -> torch.Tensor:
+    """The per-device split-K arrival counters (every kernel leaves them at zero)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    buf = _COUNTERS.get(index)
+    if buf is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("anyfp4: split-K counters must be reserved before CUDA-graph capture; run the model "
+                               "once eagerly or call anyfp4.kernels.cuda.weight_mma.reserve_counters(device) first")
+        buf = _COUNTERS[index] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=torch.device("cuda", index))
+    return buf
+
+
+def early_launch(device: int) -> bool:
+    """Programmatic dependent launch on sm_90+ unless ``ANYFP4_EARLY_LAUNCH=0``: the kernel loads its first
+    weights while the previous kernel finishes."""
+    from ...env import early_launch_allowed
+    from ...dispatch.tuning import device_arch
+
+    return device_arch(device)[0] >= 90 and early_launch_allowed()
+
+
+def enabled(sm: int) -> bool:
+    """The CUDA kernel serves this GPU: sm_80+, NVRTC found, and ``ANYFP4_KERNELS`` allows it."""
+    from ...env import kernel_choice
+
+    choice = kernel_choice()
+    if choice == "triton":
+        return False
+    ok = sm >= MIN_SM and nvrtc.available()
+    if choice == "cuda" and not ok:
+        raise RuntimeError(f"ANYFP4_KERNELS=cuda: the CUDA kernels need sm_{MIN_SM}+ and NVRTC "
+                           f"(this GPU is sm_{sm}, NVRTC {'found' if nvrtc.available() else 'not found'})")
+    return ok
+
+
+@dataclass
+class Launch:
+    """One kernel launch, worked out from the tensors: the source's compile-time defines, grid, block threads,
+    dynamic shared memory, and the kernel's arguments in order (tensors, then integers)."""
+    defines: dict
+    grid: tuple
+    threads: int
+    shared_bytes: int
+    args: list
+    out: torch.Tensor
+
+
+def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
+                gscale: torch.Tensor, bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
+                out: torch.Tensor | None, out_dtype: torch.dtype | None, *, stage_bytes: int, early: bool,
+                counters: torch.Tensor | None) -> Launch:
+    """Check the inputs and work out a launch; no GPU needed (``stage_bytes``: the shared memory a block may
+    stage activations in; ``counters``: the split-K arrival counters, all zero)."""
+    m, k = x.shape
+    if not 1 <= m <= MAX_MMA_M:
+        raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {MAX_MMA_M}, got {m}")
+    if x.stride(1) != 1 or x.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError("x must be fp16/bf16 with a contiguous last dimension")
+    c = config
+    rows_total = codes.shape[0]
+    k_pad = codes.shape[1] * (8 if fmt == "nvfp4" else 4)
+    block_rows = rows_per_block(c)
+    grid_x = -(-n_rows // block_rows)
+    if grid_x * block_rows > (up_offset or rows_total):
+        raise ValueError(f"row tile {block_rows} overruns the prepack's {up_offset or rows_total} rows")
+    if bias is not None and (bias.dtype != x.dtype or bias.stride(0) != 1):
+        raise ValueError("bias must be contiguous with x's dtype")
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in (x.dtype, torch.float32):
+        raise ValueError(f"output dtype must be {x.dtype} or float32, got {out_dtype}")
+    if out_dtype != x.dtype and (bias is not None or up_offset):
+        raise ValueError("a float32 output (before the scale) is for plain prepacks without bias")
+    if not 1 <= config.split_k <= k_pad // STEP_K[fmt]:
+        raise ValueError(f"split-K {config.split_k} must be 1..{k_pad // STEP_K[fmt]} for K = {k_pad}")
+    kc = stage_k(m, stage_bytes, c.depth * STEP_K[fmt], fmt)  # the kernel stages at the start of a pass only
+    if stage_bytes_for(m, kc, fmt) > stage_bytes:
+        raise ValueError(f"depth {c.depth} needs {stage_bytes_for(m, kc, fmt)} bytes of shared memory for {m} rows, "
+                         f"more than the {stage_bytes} this GPU gives a block")
+    defines = dict(EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
+                   NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth, BF16=int(x.dtype == torch.bfloat16),
+                   GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None),
+                   VEC_X=int(x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0))  # cp.async staging
+    if out is None:
+        out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
+    if out.shape != (m, n_rows) or out.dtype != out_dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be ({m}, {n_rows}) {out_dtype} with a contiguous last dimension, "
+                         f"got {tuple(out.shape)} {out.dtype}")
+    if c.split_k > 1:
+        if grid_x > COUNTER_SLOTS:
+            raise ValueError(f"{grid_x} row tiles exceed the {COUNTER_SLOTS} split-K counters")
+        partial = torch.empty(c.split_k, m, rows_total, dtype=torch.float32, device=x.device)
+    else:
+        partial, counters = out, out
+    args = [x, codes, block_scales if block_scales is not None else codes, gscale, bias if bias is not None else out,
+            out, partial, counters, m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4,
+            block_scales.stride(0) // 2 if block_scales is not None else 0,
+            x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc]
+    return Launch(defines, (grid_x, c.split_k, 1), c.warps * 32, stage_bytes_for(m, kc, fmt), args, out)
+
+
+def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None, gscale: torch.Tensor,
+            bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
+            out: torch.Tensor | None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``block_scales``: NVFP4's prepacked scale bytes (None for FP8); ``gscale``: NVFP4's one global scale, FP8's
+    per-row scales; ``out_dtype``: x's dtype (default) or float32 (the sums unrounded)."""
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    stage_bytes = min(STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
+    early = early_launch(device)
+    counters = reserve_counters(x.device) if config.split_k > 1 else None
+    plan = plan_launch(fmt, x, codes, block_scales, gscale, bias, n_rows, up_offset, config, out, out_dtype,
+                       stage_bytes=stage_bytes, early=early, counters=counters)
+    kernel = nvrtc.load(_source(), KERNEL, plan.defines, device, shared_memory=stage_bytes)
+    kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
+    return plan.out
+
+
+def nvfp4_mma_gemm(x: torch.Tensor, w, bias: torch.Tensor | None, config: MMAConfig,
+                   out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """NVFP4 prepack: x (M, K), M <= 32 -> (M, N); a gated prepack gives silu(gate) * up."""
+    return _launch("nvfp4", x, w.codes, w.scales, w.global_scale, bias, w.out_features, w.up_offset, config, out,
+                   out_dtype)
+
+
+def fp8_mma_gemm(x: torch.Tensor, w, bias: torch.Tensor | None, config: MMAConfig,
+                 out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """FP8 prepack: x (M, K), M <= 32 -> (M, N); a gated prepack gives silu(gate) * up."""
+    return _launch("fp8", x, w.codes, None, w.scales, bias, w.out_features, w.up_offset, config, out, out_dtype)

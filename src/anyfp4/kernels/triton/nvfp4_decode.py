@@ -1,0 +1,260 @@
+"""NVFP4 decode GEMM for small M (M <= 32): ``out[M, N] = x[M, K] @ W[N, K]^T (+ bias)``, and the
+gated variant ``silu(x @ Wg^T) * (x @ Wu^T)`` with gate and up stacked along N in one prepack.
+
+Anatomy: configuration (``DecodeConfig``), ``@triton.jit`` kernels, launcher (check, allocate,
+launch). Weights come from ``nvfp4_prepack.NVFP4Prepacked``.
+
+How a weight tile is decoded, all in integer bit arithmetic (no FP4/FP8 conversion
+instructions, so the same source compiles for sm_70 .. sm_90):
+
+- a 32-bit word holds 8 E2M1 codes (``nvfp4_prepack.CODE_BITS``); magnitude at bits 9-11 and
+  sign at bit 15, read as fp16 bits, is exactly ``e2m1(c) * 2^-14`` (subnormal 0.5 included);
+- a prepacked block-scale byte ``b`` (``nvfp4_prepack.SCALE_BYTE``): ``(b << 7)`` read as fp16 bits
+  is exactly ``bs * 2^-5``, times 32 gives ``bs``;
+- ``e2m1 * bs * 2^-14`` is exact in fp16 (at most 6 significant bits, within [2^-24, 0.17]),
+  so the tensor-core dot of that tile with the activations is exact up to fp32 accumulation;
+  the output is multiplied once by ``global_scale * 2^14``.
+
+Split-K: program (n-tile, s) accumulates K-slice ``s``. With ``split_k > 1`` the fp32 partial
+sums go to a workspace and a second kernel adds them in the fixed order s = 0, 1, ... — no
+atomics, so identical inputs give identical bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ...env import triton_interpret
+from .bits import block_scale_fp16, decode_words_fp16, tiled_scale_offset, tiled_word_offset
+from .nvfp4_dequant import round_to_output
+from ...packing.nvfp4 import NVFP4Prepacked
+
+MAX_DECODE_M = 32
+ACT_PACK_GROUP = 16  # block-packed activations: [K_pad / 16][rows][16]
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int = 64
+    block_k: int = 256
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@triton.jit
+def _decode_weight_tile(codes_ptr, scales_ptr, offs_n, k0, stride_c, stride_s,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(BLOCK_N, BLOCK_K) fp16 tile holding e2m1 * block_scale * 2^-14 (exact)."""
+    words = tl.load(codes_ptr + tiled_word_offset(offs_n[:, None], (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :], stride_c))
+    w = decode_words_fp16(words, BLOCK_N, BLOCK_K)
+    sb = tl.load(scales_ptr + tiled_scale_offset(offs_n[:, None], (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :], stride_s))
+    s = block_scale_fp16(sb) * 32.0
+    w = tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * s.to(tl.float16)[:, :, None]
+    return tl.reshape(w, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _load_act_tile(x_ptr, offs_m, k0, M, K, stride_xm, X_ROWS,
+                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, X_PACKED: tl.constexpr):
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    if X_PACKED:  # [K_pad / 16][X_ROWS][16], zero padded: no masks
+        ptrs = x_ptr + (offs_k // 16)[None, :] * (X_ROWS * 16) + offs_m[:, None] * 16 + (offs_k % 16)[None, :]
+        return tl.load(ptrs)
+    ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    return tl.load(ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)
+
+
+@triton.jit
+def _dot(x, w, INTERPRET: tl.constexpr):
+    if INTERPRET:  # the CPU interpreter's dot wants float32 operands
+        return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
+    return tl.dot(x, tl.trans(w.to(x.dtype)))
+
+
+@triton.jit
+def _epilogue(acc, acc_up, offs_m, offs_n, M, N_OUT, gscale_ptr, bias_ptr, out_ptr, stride_om,
+              HAS_BIAS: tl.constexpr, GATED: tl.constexpr, INTERPRET: tl.constexpr):
+    g = tl.load(gscale_ptr) * 16384.0  # global scale * 2^14
+    y = acc * g
+    if GATED:
+        u = acc_up * g
+        y = y / (1.0 + tl.exp(-y)) * u
+    elif HAS_BIAS:
+        y = y + tl.load(bias_ptr + offs_n, mask=offs_n < N_OUT, other=0.0).to(tl.float32)[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N_OUT)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
+             round_to_output(y, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
+
+
+@triton.jit
+def nvfp4_decode_kernel(
+    # pointers
+    x_ptr, codes_ptr, scales_ptr, gscale_ptr, bias_ptr, out_ptr, partial_ptr,
+    # sizes
+    M, K, N_OUT, UP_OFFSET, X_ROWS, K_ITERS, SPLIT_K,
+    # strides
+    stride_xm, stride_c, stride_s, stride_om,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PARTIAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, GATED: tl.constexpr, X_PACKED: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """x: (M, K) fp16/bf16 row-major, or block-packed (X_PACKED); codes/scales: prepack layout;
+    out: (M, N_OUT). GATED: gate rows [0, N_OUT), up rows [UP_OFFSET, UP_OFFSET + N_OUT).
+    USE_PARTIAL (SPLIT_K > 1): sums go to partial (SPLIT_K, M, N_OUT * (2 if GATED else 1)) float32.
+    Grid: (N tiles, SPLIT_K, M tiles); decode calls have one M tile, the fused prefill GEMM several."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for it in range(0, K_ITERS):
+        k0 = (pid_k * K_ITERS + it) * BLOCK_K
+        x = _load_act_tile(x_ptr, offs_m, k0, M, K, stride_xm, X_ROWS, BLOCK_M, BLOCK_K, X_PACKED)
+        w = _decode_weight_tile(codes_ptr, scales_ptr, offs_n, k0, stride_c, stride_s, BLOCK_N, BLOCK_K)
+        acc += _dot(x, w, INTERPRET)
+        if GATED:
+            wu = _decode_weight_tile(codes_ptr, scales_ptr, offs_n + UP_OFFSET, k0, stride_c, stride_s,
+                                     BLOCK_N, BLOCK_K)
+            acc_up += _dot(x, wu, INTERPRET)
+    if not USE_PARTIAL:
+        _epilogue(acc, acc_up, offs_m, offs_n, M, N_OUT, gscale_ptr, bias_ptr, out_ptr, stride_om, HAS_BIAS, GATED,
+                  INTERPRET)
+    else:
+        width = N_OUT * (2 if GATED else 1)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N_OUT)
+        base = partial_ptr + pid_k * M * width + offs_m[:, None] * width + offs_n[None, :]
+        tl.store(base, acc, mask=mask)
+        if GATED:
+            tl.store(base + N_OUT, acc_up, mask=mask)
+
+
+@triton.jit
+def splitk_reduce_kernel(partial_ptr, gscale_ptr, bias_ptr, out_ptr, M, N_OUT, stride_om, SPLIT_K,
+                         BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         GATED: tl.constexpr, INTERPRET: tl.constexpr):
+    """Sum the SPLIT_K fp32 partials of each output in the fixed order 0..SPLIT_K-1, then the epilogue."""
+    m = tl.program_id(1)
+    offs_n = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mask = offs_n < N_OUT
+    width = N_OUT * (2 if GATED else 1)
+    acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for s in range(0, SPLIT_K):
+        row = partial_ptr + s * M * width + m * width
+        acc += tl.load(row + offs_n, mask=mask, other=0.0)
+        if GATED:
+            acc_up += tl.load(row + N_OUT + offs_n, mask=mask, other=0.0)
+    _epilogue(acc[None, :], acc_up[None, :], tl.zeros((1,), dtype=tl.int32) + m, offs_n, M, N_OUT, gscale_ptr,
+              bias_ptr, out_ptr, stride_om, HAS_BIAS, GATED, INTERPRET)
+
+
+@triton.jit
+def act_block_pack_kernel(x_ptr, xp_ptr, M, K, stride_xm, X_ROWS, BLOCK_G: tl.constexpr):
+    """x (M, K) -> xp [K_pad / 16][X_ROWS][16]; rows >= M and k >= K are written as zeros."""
+    g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)  # 16-wide K groups
+    r = tl.program_id(1)
+    kk = tl.arange(0, 16)
+    k = g[:, None] * 16 + kk[None, :]
+    # Rows >= M read no column. The row test stays a scalar select: ANDed into the block mask, a scalar
+    # comparison reaches Triton's interpreter as an int32 mask, which Triton 3.9 refuses.
+    k_end = tl.where(r < M, K, 0)
+    v = tl.load(x_ptr + r * stride_xm + k, mask=k < k_end, other=0.0)
+    tl.store(xp_ptr + g[:, None] * (X_ROWS * 16) + r * 16 + kk[None, :], v)
+
+
+def block_m_for(m: int) -> int:
+    return 16 if m <= 16 else 32
+
+
+def act_block_pack(x: torch.Tensor, k_pad: int) -> torch.Tensor:
+    """Rewrite x (M, K) as [K_pad/16][rows][16], rows = M rounded up to the kernel's row tile."""
+    m, k = x.shape
+    rows = block_m_for(m)
+    xp = torch.empty(k_pad // 16 * rows * 16, dtype=x.dtype, device=x.device)
+    block_g = 16
+    act_block_pack_kernel[(triton.cdiv(k_pad // 16, block_g), rows)](x, xp, m, k, x.stride(0), rows, BLOCK_G=block_g)
+    return xp
+
+
+def nvfp4_decode_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None, config: DecodeConfig,
+                      act_pack: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) with M <= 32 -> (M, N); a gated prepack gives silu(gate) * up. Checked by the op."""
+    m, k = x.shape
+    gated = w.gated
+    n_out = w.out_features
+    k_pad = w.codes.shape[1] * 8
+    block_m = block_m_for(m)
+    c = config
+    n_tiles = triton.cdiv(n_out, c.block_n)
+    k_tiles = k_pad // c.block_k
+    if k_tiles % c.split_k:
+        raise ValueError(f"split_k {c.split_k} must divide the {k_tiles} K tiles of block_k {c.block_k}")
+    if out is None:
+        out = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
+    if act_pack:
+        xk, x_rows, stride_xm = act_block_pack(x, k_pad), block_m, 0
+    else:
+        xk, x_rows, stride_xm = x, block_m, x.stride(0)
+    partial = out if c.split_k == 1 else torch.empty(c.split_k, m, n_out * (2 if gated else 1),
+                                                     dtype=torch.float32, device=x.device)
+    bias_arg = bias if bias is not None else out
+    nvfp4_decode_kernel[(n_tiles, c.split_k)](
+        xk, w.codes, w.scales, w.global_scale, bias_arg, out, partial,
+        m, k, n_out, w.up_offset, x_rows, k_tiles // c.split_k, c.split_k,
+        stride_xm, w.codes.stride(0), w.scales.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_PARTIAL=c.split_k > 1,
+        HAS_BIAS=bias is not None, GATED=gated, X_PACKED=act_pack, INTERPRET=triton_interpret(),
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+    if c.split_k > 1:
+        block_r = 256
+        splitk_reduce_kernel[(triton.cdiv(n_out, block_r), m)](
+            partial, w.global_scale, bias_arg, out, m, n_out, out.stride(0), c.split_k,
+            BLOCK_R=block_r, HAS_BIAS=bias is not None, GATED=gated, INTERPRET=triton_interpret(),
+            num_warps=4,
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 128
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def nvfp4_fused_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None,
+                     config: FusedConfig = FusedConfig(), out: torch.Tensor | None = None,
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Prefill without a dense copy of the weight (``ANYFP4_PREFILL=fused``): the decode kernel over tiles of
+    ``block_m`` rows, each decoding its weight tiles in registers for ``tl.dot``. x (M, K) -> (M, N); a gated
+    prepack gives silu(gate) * up; ``out_dtype=float32``: the output unrounded (with a unit global scale: the
+    sums before the global scale, a tensor-parallel rank's share)."""
+    m, k = x.shape
+    c = config
+    k_pad = w.codes.shape[1] * 8
+    if k_pad % c.block_k or 128 % c.block_n:
+        raise ValueError(f"block_k {c.block_k} must divide K_pad {k_pad} and block_n {c.block_n} divide 128")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if out is None:
+        out = torch.empty(m, w.out_features, dtype=out_dtype or x.dtype, device=x.device)
+    bias_arg = bias if bias is not None else out
+    grid = (triton.cdiv(w.out_features, c.block_n), 1, triton.cdiv(m, c.block_m))
+    nvfp4_decode_kernel[grid](
+        x, w.codes, w.scales, w.global_scale, bias_arg, out, out,
+        m, k, w.out_features, w.up_offset, c.block_m, k_pad // c.block_k, 1,
+        x.stride(0), w.codes.stride(0), w.scales.stride(0), out.stride(0),
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_PARTIAL=False,
+        HAS_BIAS=bias is not None, GATED=w.gated, X_PACKED=False, INTERPRET=triton_interpret(),
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+    return out

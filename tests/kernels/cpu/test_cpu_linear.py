@@ -1,0 +1,192 @@
+"""The CPU kernels (kernels/cpu/linear.py, cpu/weight_cpu.c) against the pure-torch reference."""
+
+import pytest
+import torch
+
+import anyfp4.ops  # noqa: F401  (registers the ops)
+from anyfp4.formats.fp8 import FP8Weight, dequantize_fp8
+from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
+from anyfp4.kernels.cpu import linear as cpu_linear
+from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
+from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
+
+pytestmark = pytest.mark.skipif(cpu_linear.library() is None, reason="no C compiler builds the CPU kernels")
+
+
+def random_nvfp4(n, k, gen, gs=3e-3):
+    scales = torch.randint(0, 0x7F, (n, k // 16), dtype=torch.uint8, generator=gen)  # every finite scale, subnormals
+    scales[0, 0] = 0  # a zero-scale block
+    return NVFP4Weight(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen),
+                       scales.view(torch.float8_e4m3fn), torch.tensor(gs))
+
+
+def random_fp8(n, k, gen):
+    codes = torch.randint(0, 256, (n, k), dtype=torch.uint8, generator=gen)
+    codes[(codes & 0x7F) == 0x7F] = 0x3C  # no NaN
+    return FP8Weight(codes.view(torch.float8_e4m3fn), torch.rand(n, generator=gen) + 0.01)
+
+
+def close(y, ref, tol=2e-6):
+    assert not torch.isnan(y).any()
+    err = ((y.double() - ref.double()).norm() / ref.double().norm()).item()
+    assert err < tol, err
+
+
+SHAPES = [(48, 64), (130, 1552), (4120, 272), (16, 16)]
+
+
+@pytest.mark.parametrize("n, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 8, 13, 33])
+def test_nvfp4_matches_reference(n, k, m):
+    gen = torch.Generator().manual_seed(n * 1000 + k + m)
+    w = random_nvfp4(n, k, gen)
+    x = torch.randn(m, k, generator=gen)
+    y = cpu_linear.nvfp4_rows(cpu_linear.library(), x, prepack_nvfp4(w), (0,), float(w.global_scale))
+    assert y.shape == (m, n)
+    close(y, x.double() @ dequantize_nvfp4(w).double().t())
+
+
+@pytest.mark.parametrize("n, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 5, 33])
+def test_fp8_matches_reference(n, k, m):
+    gen = torch.Generator().manual_seed(n * 1000 + k + m + 7)
+    w = random_fp8(n, k, gen)
+    x = torch.randn(m, k, generator=gen)
+    y = cpu_linear.fp8_rows(cpu_linear.library(), x, prepack_fp8(w), (0,), True)
+    close(y, x.double() @ dequantize_fp8(w).double().t())
+
+
+def test_every_code_and_scale_decodes():
+    """All 16 E2M1 codes under every E4M3 scale byte, and every E4M3 weight byte (subnormals, -0), one at a
+    time: each output is one weight times x = 1."""
+    codes = torch.arange(16, dtype=torch.uint8).repeat(127)  # code c in column c of block b
+    scale_bytes = torch.arange(127, dtype=torch.uint8)
+    n = 127 * 16
+    packed = torch.zeros(n, 8, dtype=torch.uint8)  # row r: its code at k = 0
+    packed[:, 0] = codes
+    block = torch.zeros(n, 1, dtype=torch.uint8)
+    block[:, 0] = scale_bytes.repeat_interleave(16)
+    w = NVFP4Weight(packed, block.view(torch.float8_e4m3fn), torch.tensor(1.0))
+    x = torch.zeros(1, 16)
+    x[0, 0] = 1.0
+    y = cpu_linear.nvfp4_rows(cpu_linear.library(), x, prepack_nvfp4(w), (0,), 1.0)
+    assert torch.equal(y[0], dequantize_nvfp4(w)[:, 0])
+    values = torch.arange(256, dtype=torch.uint8)
+    values = values[(values & 0x7F) != 0x7F]
+    f = FP8Weight(torch.zeros(len(values), 4, dtype=torch.uint8).index_fill_(1, torch.tensor([0]), 0)
+                  .view(torch.float8_e4m3fn), torch.ones(len(values)))
+    f.weight.view(torch.uint8)[:, 0] = values
+    xf = torch.zeros(1, 4)
+    xf[0, 0] = 1.0
+    yf = cpu_linear.fp8_rows(cpu_linear.library(), xf, prepack_fp8(f), (0,), True)
+    assert torch.equal(yf[0], dequantize_fp8(f)[:, 0])
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_rows_do_not_depend_on_the_call(fmt, monkeypatch):
+    """A row of x gives the same bits alone, inside any batch, and with one thread or several."""
+    gen = torch.Generator().manual_seed(3)
+    n, k = 1030, 1552
+    if fmt == "nvfp4":
+        w = random_nvfp4(n, k, gen)
+        p, run = prepack_nvfp4(w), lambda x: cpu_linear.nvfp4_rows(cpu_linear.library(), x, p, (0,), 0.5)
+    else:
+        w = random_fp8(n, k, gen)
+        p, run = prepack_fp8(w), lambda x: cpu_linear.fp8_rows(cpu_linear.library(), x, p, (0,), True)
+    x = torch.randn(64, k, generator=gen)
+    alone = torch.cat([run(x[i:i + 1]) for i in range(64)])
+    for m in (2, 7, 8, 9, 33, 64):
+        assert torch.equal(run(x[:m]), alone[:m]), m
+    monkeypatch.setattr(cpu_linear, "threads", lambda: 1)
+    assert torch.equal(run(x), alone)
+
+
+def test_ops_gated_bias_partial_and_poisoned_output(monkeypatch):
+    """Through the ops: bias, gated silu(gate) * up, partial sums; the kernel writes every output (the output
+    buffer starts as NaN)."""
+    real_empty = torch.empty
+    monkeypatch.setattr(cpu_linear.torch, "empty", lambda *a, **kw: real_empty(*a, **kw).fill_(float("nan")))
+    gen = torch.Generator().manual_seed(5)
+    n, k = 200, 272
+    gate, up = random_nvfp4(n, k, gen, gs=2e-3), random_nvfp4(n, k, gen, gs=2e-3)
+    x = torch.randn(3, k, generator=gen)
+    pg = prepack_nvfp4_gated(gate, up)
+    y = torch.ops.anyfp4.nvfp4_gated(x, pg.codes, pg.scales, pg.global_scale, pg.up_offset, n, k)
+    g_ref, u_ref = (x.double() @ dequantize_nvfp4(q).double().t() for q in (gate, up))
+    close(y, torch.nn.functional.silu(g_ref) * u_ref, 1e-5)
+    bias = torch.randn(n, generator=gen)
+    p = prepack_nvfp4(gate)
+    yb = torch.ops.anyfp4.nvfp4_linear(x, p.codes, p.scales, p.global_scale, bias, n, k)
+    close(yb, g_ref + bias.double())
+    part = torch.ops.anyfp4.nvfp4_linear_partial(x, p.codes, p.scales, p.global_scale, n, k)
+    close(part * 2e-3, g_ref)
+    fg, fu = random_fp8(n, k, gen), random_fp8(n, k, gen)
+    pf = prepack_fp8_gated(fg, fu)
+    yf = torch.ops.anyfp4.fp8_gated(x, pf.codes, pf.scales, pf.up_offset, n, k)
+    fg_ref, fu_ref = (x.double() @ dequantize_fp8(q).double().t() for q in (fg, fu))
+    close(yf, torch.nn.functional.silu(fg_ref) * fu_ref, 1e-5)
+    pfl = prepack_fp8(fg)
+    close(torch.ops.anyfp4.fp8_linear(x, pfl.codes, pfl.scales, bias, n, k), fg_ref + bias.double())
+    close(torch.ops.anyfp4.fp8_linear_partial(x, pfl.codes, pfl.scales, n, k) * pfl.scales[:n], fg_ref)
+
+
+def test_reference_mode_and_missing_compiler(monkeypatch):
+    """``ANYFP4_CPU_KERNELS=reference`` runs the pure-torch reference; without a compiler ``auto`` falls back
+    to it with one warning and ``c`` is an error."""
+    monkeypatch.setenv("ANYFP4_CPU_KERNELS", "reference")
+    assert cpu_linear.library() is None
+    monkeypatch.setenv("ANYFP4_CPU_KERNELS", "auto")
+    monkeypatch.setattr(cpu_linear, "_load", lambda: OSError("no C compiler found (install gcc or set CC)"))
+    cpu_linear._warn_unavailable.cache_clear()
+    with pytest.warns(UserWarning, match="no C compiler found"):
+        assert cpu_linear.library() is None
+    monkeypatch.setenv("ANYFP4_CPU_KERNELS", "c")
+    with pytest.raises(OSError, match="no C compiler found"):
+        cpu_linear.library()
+
+
+def test_build_failure_names_the_compiler_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "SOURCE", tmp_path / "broken.c")
+    (tmp_path / "broken.c").write_text("this is not C;\n")
+    with pytest.raises(OSError, match="could not compile broken.c"):
+        cpu_linear._build(cpu_linear._compiler(), tmp_path / "out")
+    assert not any((tmp_path / "out").iterdir())  # no half-written library left behind
+
+
+def test_portable_path_matches_reference(tmp_path):
+    """The plain-C path (machines without AVX-512) computes the same function."""
+    lib = cpu_linear.open_library(cpu_linear._build(cpu_linear._compiler(), tmp_path, ("-DWEIGHT_CPU_PORTABLE",)))
+    gen = torch.Generator().manual_seed(11)
+    w, f = random_nvfp4(130, 1552, gen), random_fp8(130, 1552, gen)
+    x = torch.randn(9, 1552, generator=gen)
+    close(cpu_linear.nvfp4_rows(lib, x, prepack_nvfp4(w), (0,), 3e-3), x.double() @ dequantize_nvfp4(w).double().t())
+    close(cpu_linear.fp8_rows(lib, x, prepack_fp8(f), (0,), True), x.double() @ dequantize_fp8(f).double().t())
+
+
+def test_prepacks_refuse_nan_alike():
+    """Like prepack_nvfp4 with a NaN block scale, prepack_fp8 refuses NaN weight bytes and bad scales."""
+    codes = torch.full((4, 16), 0x38, dtype=torch.uint8)
+    codes[2, 5] = 0xFF
+    with pytest.raises(ValueError, match=r"1 FP8 weight value\(s\) are NaN \(first: row 2, column 5\)"):
+        prepack_fp8(FP8Weight(codes.view(torch.float8_e4m3fn), torch.tensor(1.0)))
+    with pytest.raises(ValueError, match="scales must be finite and positive"):
+        prepack_fp8(FP8Weight(torch.full((4, 16), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn),
+                              torch.tensor(float("inf"))))
+    scales = torch.full((4, 1), 0x38, dtype=torch.uint8)
+    scales[1, 0] = 0x7F
+    with pytest.raises(ValueError, match="negative or NaN"):
+        prepack_nvfp4(NVFP4Weight(torch.zeros(4, 8, dtype=torch.uint8), scales.view(torch.float8_e4m3fn),
+                                  torch.tensor(1.0)))
+
+
+def test_non_contiguous_prepacks_read_right():
+    """The kernels read dense row-major words: a strided view of the same prepack gives the same bits."""
+    gen = torch.Generator().manual_seed(13)
+    w = random_nvfp4(128, 256, gen)
+    p = prepack_nvfp4(w)
+    strided = type(p)(p.codes.t().contiguous().t(), p.scales.t().contiguous().t(), p.global_scale,
+                      p.out_features, p.in_features)
+    assert not strided.codes.is_contiguous()
+    x = torch.randn(3, 256, generator=gen)
+    lib = cpu_linear.library()
+    assert torch.equal(cpu_linear.nvfp4_rows(lib, x, strided, (0,), 1.0), cpu_linear.nvfp4_rows(lib, x, p, (0,), 1.0))

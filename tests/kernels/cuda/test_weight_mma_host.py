@@ -1,0 +1,86 @@
+"""The CUDA decode kernel's own source (kernels/cuda/weight_mma.cu) run on the CPU through a host build
+(host_cuda.h: fibers for threads, the mma from its fragment layouts): NVFP4 and FP8, fp16 and bf16, every
+launch family, split-K, gated, bias, float32 output, staging every pass, and the two-rank bits. The GPU tests
+(test_weight_mma.py) check the same on the device itself."""
+
+import pytest
+import torch
+
+import host_cuda
+from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
+from anyfp4.formats.nvfp4 import dequantize_nvfp4
+from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
+from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
+from anyfp4.kernels.cuda.weight_mma import MMAConfig
+from mma_checks import CONFIGS, check_kernel, nvfp4_weight
+
+pytestmark = pytest.mark.skipif(not host_cuda.available(), reason="needs a host C++ compiler (g++)")
+
+N, K = 200, 1040  # neither a row tile nor a K tile multiple: padded rows and a K tail
+# one case per launch family: (M, config); split-K 1..8, depth 2..8, MT 1, 2, 4, every n8-tile count
+CASES = [(1, CONFIGS[0]), (7, CONFIGS[1]), (16, CONFIGS[2]), (32, CONFIGS[3]), (17, CONFIGS[4])]
+
+
+def weights(fmt, gen):
+    if fmt == "nvfp4":
+        w, gate, up = (nvfp4_weight(N, K, gen, torch.tensor(2e-3), device="cpu") for _ in range(3))
+        return prepack_nvfp4(w), prepack_nvfp4_gated(gate, up), [dequantize_nvfp4(t).double() for t in (w, gate, up)]
+    w, gate, up = (quantize_fp8(torch.randn(N, K, generator=gen), per_channel=pc) for pc in (True, False, True))
+    return prepack_fp8(w), prepack_fp8_gated(gate, up), [dequantize_fp8(t).double() for t in (w, gate, up)]
+
+
+@pytest.mark.parametrize("tight", [False, True], ids=["staged-once", "staged-every-pass"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_kernel_source_against_reference(fmt, dtype, tight):
+    gen = torch.Generator().manual_seed(21)
+    p, pg, (wd, gd, ud) = weights(fmt, gen)
+    bias = torch.randn(N, generator=gen).to(dtype)
+    check_kernel(host_cuda.gemm(fmt, tight), p, pg, wd, gd, ud, bias, CASES, gen)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_two_halves_of_k_add_up_to_the_whole_layers_bits(fmt):
+    """Tensor parallelism's row-parallel exactness, from the source: the float32 sums of K's two halves, each
+    with half the split, added, are the whole layer's float32 sums bit for bit; a column-parallel half of the
+    rows has the whole layer's bits."""
+    from anyfp4.parallel.tensor_parallel import _cols, _rows
+
+    gen = torch.Generator().manual_seed(22)
+    n, k, split = 256, 1024, 4
+    w = (nvfp4_weight(n, k, gen, torch.tensor(1e-3), device="cpu") if fmt == "nvfp4"
+         else quantize_fp8(torch.randn(n, k, generator=gen), per_channel=True))
+    pack = prepack_nvfp4 if fmt == "nvfp4" else prepack_fp8
+    run = host_cuda.gemm(fmt)
+    full, top = pack(w), pack(_rows(w, 0, n // 2))
+    left, right = pack(_cols(w, 0, k // 2)), pack(_cols(w, k // 2, k))
+    for m in (1, 5):
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        whole = run(x, full, None, MMAConfig(split_k=split), out_dtype=torch.float32)
+        halves = (run(x[:, : k // 2].contiguous(), left, None, MMAConfig(split_k=split // 2), out_dtype=torch.float32)
+                  + run(x[:, k // 2:].contiguous(), right, None, MMAConfig(split_k=split // 2), out_dtype=torch.float32))
+        assert torch.equal(halves, whole), m
+        y = run(x, full, None, MMAConfig(split_k=split))
+        assert torch.equal(run(x, top, None, MMAConfig(split_k=split)), y[:, : n // 2]), m
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_unaligned_activations_take_the_scalar_loads(fmt):
+    """Rows that are not 16-byte aligned (a view one element in; for FP8 also K % 8 != 0) are staged element by
+    element; the bits equal the 16-byte path's. The host build reports a misaligned 16-byte load as a fault."""
+    gen = torch.Generator().manual_seed(23)
+    p, _, (wd, _, _) = weights(fmt, gen)
+    run = host_cuda.gemm(fmt)
+    for m, cfg in CASES[:3]:
+        x = torch.randn(m, K, generator=gen).to(torch.bfloat16)
+        shifted = torch.empty(m, K + 8, dtype=torch.bfloat16)
+        shifted[:, 1:K + 1] = x
+        assert shifted[:, 1:K + 1].data_ptr() % 16 != 0
+        assert torch.equal(run(shifted[:, 1:K + 1], p, None, cfg), run(x, p, None, cfg)), (m, cfg)
+    if fmt == "fp8":
+        k = K - 4
+        w = quantize_fp8(torch.randn(N, k, generator=gen), per_channel=True)
+        x = torch.randn(5, k, generator=gen).to(torch.bfloat16)
+        y = run(x, prepack_fp8(w), None, CONFIGS[1])
+        ref = x.double() @ dequantize_fp8(w).double().t()
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 4e-3

@@ -1,0 +1,53 @@
+"""The rotary-embedding + KV-cache-write kernel against its pure-torch definition (Triton's interpreter
+on the CPU, the kernel on a GPU): q/k/v as views of one fused projection output, rope tables shared or
+per sequence, NaN-poisoned output and caches (slots not written must keep their NaNs)."""
+
+import pytest
+import torch
+
+import anyfp4.ops  # noqa: F401  (registers torch.ops.anyfp4)
+from anyfp4.kernels.glue.reference import rope_cache_reference
+from anyfp4.kernels.glue.rope_cache import rope_cache
+
+
+def tables(b, t, hd, start, device, per_sequence):
+    inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    pos = torch.arange(start, start + t, dtype=torch.float32)[None].repeat(b if per_sequence else 1, 1)
+    if per_sequence:
+        pos = pos - torch.arange(b, dtype=torch.float32)[:, None]  # left padding shifts a row's positions
+    emb = torch.cat([pos[..., None] * inv] * 2, dim=-1)
+    return emb.cos().to(device), emb.sin().to(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("b,t,h,kvh,hd,per_sequence", [(1, 1, 4, 2, 64, False), (2, 5, 3, 1, 48, True),
+                                                       (1, 9, 2, 2, 128, False)])
+def test_matches_reference(device, dtype, b, t, h, kvh, hd, per_sequence):
+    gen = torch.Generator().manual_seed(b * 100 + t * 10 + hd)
+    fused = torch.randn(b, t, (h + 2 * kvh) * hd, generator=gen).to(device=device, dtype=dtype)
+    q, k, v = fused.split([h * hd, kvh * hd, kvh * hd], dim=-1)
+    q, k, v = q.view(b, t, h, hd), k.view(b, t, kvh, hd), v.view(b, t, kvh, hd)
+    cos, sin = tables(b, t, hd, 7, device, per_sequence)
+    pos = torch.arange(7, 7 + t, device=device)
+    caches = [torch.full((b, kvh, 20, hd), float("nan"), dtype=dtype, device=device) for _ in range(4)]
+    q_out = torch.full((b, t, h, hd), float("nan"), dtype=dtype, device=device)
+    got = rope_cache(q, k, v, cos, sin, caches[0], caches[1], pos, q_out=q_out)
+    want = rope_cache_reference(q, k, v, cos, sin, caches[2], caches[3], pos)
+    assert got.data_ptr() == q_out.data_ptr() and not got.isnan().any()
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+    for ours, ref in ((caches[0], caches[2]), (caches[1], caches[3])):
+        written = ours[:, :, 7:7 + t]
+        assert not written.isnan().any()
+        torch.testing.assert_close(written.float(), ref[:, :, 7:7 + t].float(), **tol)
+        assert ours[:, :, :7].isnan().all() and ours[:, :, 7 + t:].isnan().all()
+
+
+def test_the_op_refuses_half_precision_tables(device):
+    q = torch.zeros(1, 1, 2, 16, dtype=torch.float16, device=device)
+    k = v = torch.zeros(1, 1, 1, 16, dtype=torch.float16, device=device)
+    cache = torch.zeros(1, 1, 4, 16, dtype=torch.float16, device=device)
+    cos = torch.ones(1, 1, 16, dtype=torch.float16, device=device)
+    with pytest.raises(TypeError, match="cos and sin must be float32"):
+        torch.ops.anyfp4.rope_cache(q, k, v, cos, cos, cache, cache.clone(), torch.zeros(1, dtype=torch.long,
+                                                                                          device=device))

@@ -1,0 +1,70 @@
+"""Decode / verify attention against a float32 pure-torch reference (Triton's interpreter on the CPU, the
+kernel on a GPU): grouped-query heads, t = 1..9 new rows, caches longer than the visible part, causal
+and left-padding masks (a row that sees nothing gets zeros), NaN-poisoned outputs; and a row's bits do
+not depend on how many rows share the call or how long the cache is."""
+
+import pytest
+import torch
+
+import anyfp4.ops  # noqa: F401  (registers torch.ops.anyfp4)
+
+from anyfp4.kernels.glue.small_attention import small_attention, small_attention_reference
+
+
+def case(device, dtype, b, kvh, g, t, hd, start, cache, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, t, kvh * g, hd, generator=gen).to(device=device, dtype=dtype).transpose(1, 2)  # strided
+    k = torch.randn(b, kvh, cache, hd, generator=gen).to(device=device, dtype=dtype)
+    v = torch.randn(b, kvh, cache, hd, generator=gen).to(device=device, dtype=dtype)
+    pos = torch.arange(start, start + t, device=device)
+    mask = torch.arange(cache, device=device)[None, :] <= pos[:, None]
+    return q, k, v, mask, pos
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("b,kvh,g,t,hd,start,cache", [(1, 2, 4, 1, 64, 70, 150), (2, 1, 3, 5, 32, 0, 40),
+                                                      (1, 3, 1, 9, 128, 127, 200), (2, 2, 6, 3, 48, 63, 66)])
+def test_matches_reference(device, dtype, b, kvh, g, t, hd, start, cache):
+    q, k, v, mask, pos = case(device, dtype, b, kvh, g, t, hd, start, cache, seed=t * 31 + hd)
+    out = torch.full((b, t, kvh * g, hd), float("nan"), dtype=dtype, device=device)
+    y = small_attention(q, k, v, mask, pos, out=out)
+    assert y.data_ptr() == out.data_ptr() and not y.isnan().any()
+    ref = small_attention_reference(q, k, v, mask)
+    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_left_padding_mask_and_fully_masked_rows(device):
+    q, k, v, mask, pos = case(device, torch.float16, 2, 2, 2, 2, 64, 3, 80, seed=3)
+    valid = torch.ones(2, 80, dtype=torch.bool, device=device)
+    valid[1, :4] = False  # row 1 of the batch: slots 0..3 are padding, so its position 3 sees nothing
+    full = mask[None, None] & valid[:, None, None, :]
+    y = small_attention(q, k, v, full, pos)
+    ref = small_attention_reference(q, k, v, full)
+    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
+    assert torch.equal(y[1, 0], torch.zeros_like(y[1, 0]))
+
+
+def test_rows_do_not_depend_on_the_call(device):
+    """Position p alone (a decode step) against p as the first of 8 rows (a verify pass) with a longer cache."""
+    q, k, v, mask, pos = case(device, torch.bfloat16, 1, 2, 4, 8, 64, 100, 300, seed=11)
+    many = small_attention(q, k, v, mask, pos)
+    one = small_attention(q[:, :, :1], k[:, :, :200], v[:, :, :200], mask[:1, :200], pos[:1])
+    assert torch.equal(one[:, 0], many[:, 0])
+
+
+def test_the_op_refuses_a_non_bool_mask(device):
+    q, k, v, mask, pos = case(device, torch.float16, 1, 1, 1, 1, 32, 0, 16, seed=1)
+    with pytest.raises(TypeError, match="mask must be bool"):
+        torch.ops.anyfp4.small_attention(q, k, v, mask.int(), pos)
+
+
+def test_a_cache_past_4096_slots_uses_wider_segments(device):
+    """5000 slots: segments of 128 keys (40 of them); rows still match the reference and a one-row call."""
+    from anyfp4.kernels.glue.small_attention import segment_keys
+
+    assert segment_keys(4096) == 64 and segment_keys(5000) == 128
+    q, k, v, mask, pos = case(device, torch.float16, 1, 1, 2, 3, 16, 4700, 5000, seed=5)
+    y = small_attention(q, k, v, mask, pos)
+    torch.testing.assert_close(y.float(), small_attention_reference(q, k, v, mask), rtol=2e-2, atol=2e-2)
+    one = small_attention(q[:, :, 1:2], k, v, mask[1:2], pos[1:2])
+    assert torch.equal(one[:, 0], y[:, 1])

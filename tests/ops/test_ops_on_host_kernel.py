@@ -1,0 +1,72 @@
+"""The ops' GPU dispatch (``ops._cuda``, ``ops._fp8_cuda``) run on the CPU with the CUDA kernel's host build in
+place of the GPU launch (an sm_90 with 132 multiprocessors as far as the launch tables know): M buckets, bias,
+gated, float32 partials and chunked prefill against the ops' CPU reference, and rows whose bits do not depend on
+the other rows of the call."""
+
+import pytest
+import torch
+
+import host_cuda
+from anyfp4 import ops
+from anyfp4.formats.fp8 import quantize_fp8
+from anyfp4.dispatch import tuning
+from anyfp4.kernels.cuda import weight_mma
+from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
+from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
+from mma_checks import nvfp4_weight, rel_err
+
+pytestmark = pytest.mark.skipif(not host_cuda.available(), reason="needs a host C++ compiler (g++)")
+N, K = 200, 1040
+
+
+@pytest.fixture
+def emulated_gpu(monkeypatch):
+    monkeypatch.setattr(tuning, "device_arch", lambda index=None: (90, 132))
+    monkeypatch.setattr(weight_mma, "enabled", lambda sm: True)
+    monkeypatch.setattr(weight_mma, "nvfp4_mma_gemm", host_cuda.gemm("nvfp4"))
+    monkeypatch.setattr(weight_mma, "fp8_mma_gemm", host_cuda.gemm("fp8"))
+
+
+def layers(fmt, gen):
+    """(plain, gated) prepacks, and the op under test / its CPU reference for (x, prepack, bias, partial)."""
+    if fmt == "nvfp4":
+        w, gate, up = (nvfp4_weight(N, K, gen, torch.tensor(2e-3), device="cpu") for _ in range(3))
+        return (prepack_nvfp4(w), prepack_nvfp4_gated(gate, up),
+                lambda x, p, b, partial=False: ops._cuda(x, p, b, partial=partial),
+                lambda x, p, b, partial=False: ops._reference(x, p, b, partial=partial))
+    w, gate, up = (quantize_fp8(torch.randn(N, K, generator=gen), per_channel=True) for _ in range(3))
+
+    return (prepack_fp8(w), prepack_fp8_gated(gate, up),
+            lambda x, p, b, partial=False: ops._fp8_cuda(x, p, b, partial, 0),
+            lambda x, p, b, partial=False: ops._fp8_run(x, p, b, partial=partial))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_gpu_dispatch_against_the_cpu_reference(emulated_gpu, fmt):
+    gen = torch.Generator().manual_seed(31)
+    p, pg, gpu, ref = layers(fmt, gen)
+    bias = torch.randn(N, generator=gen).to(torch.bfloat16)
+    for m in (1, 9, 32):
+        x = torch.randn(m, K, generator=gen).to(torch.bfloat16)
+        assert rel_err(gpu(x, p, bias), ref(x, p, bias).double()) < 4e-3, m
+        assert rel_err(gpu(x, pg, None), ref(x, pg, None).double()) < 8e-3, m
+        share = gpu(x, p, None, partial=True)
+        assert share.dtype == torch.float32 and rel_err(share, ref(x, p, None, partial=True).double()) < 1e-5, m
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_rows_keep_their_bits_whatever_the_call(emulated_gpu, monkeypatch, fmt):
+    """Each row of an M-row call has the bits of a one-row call, up to M = 32 and, with ANYFP4_PREFILL=chunked,
+    beyond: what speculative verification and two-GPU prompts rely on."""
+    gen = torch.Generator().manual_seed(32)
+    p, _, gpu, ref = layers(fmt, gen)
+    x = torch.randn(70, K, generator=gen).to(torch.bfloat16)
+    # compared as float32 sums (the partial): a bf16 rounding would hide most differences in summation order
+    singles = {i: gpu(x[i:i + 1], p, None, partial=True) for i in (0, 1, 8, 16, 31, 32, 69)}
+    for m in (2, 9, 17, 32):
+        y = gpu(x[:m], p, None, partial=True)
+        assert all(torch.equal(y[i:i + 1], singles[i]) for i in singles if i < m), m
+    monkeypatch.setenv("ANYFP4_PREFILL", "chunked")
+    y = gpu(x, p, None, partial=True)
+    assert all(torch.equal(y[i:i + 1], s) for i, s in singles.items())
+    assert rel_err(gpu(x, p, None), ref(x, p, None).double()) < 4e-3
