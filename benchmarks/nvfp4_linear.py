@@ -26,7 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4  # noqa: E402
-from anyfp4.kernels.triton.nvfp4_decode import DecodeConfig, FusedConfig, nvfp4_decode_gemm, nvfp4_fused_gemm  # noqa: E402
+from anyfp4.dispatch.configs import DecodeConfig, FusedConfig  # noqa: E402
+from anyfp4.kernels.triton.nvfp4_decode import nvfp4_decode_gemm, nvfp4_fused_gemm  # noqa: E402
 from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm  # noqa: E402
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
 from anyfp4.dispatch.tuning import heuristic_config  # noqa: E402

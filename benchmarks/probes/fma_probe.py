@@ -5,7 +5,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch, triton, triton.language as tl
 from nvfp4_linear import graph_time, random_nvfp4
 from anyfp4.packing.nvfp4 import prepack_nvfp4
-from anyfp4.kernels.triton.nvfp4_decode import nvfp4_decode_gemm, DecodeConfig
+from anyfp4.dispatch.configs import DecodeConfig
+from anyfp4.kernels.triton.nvfp4_decode import nvfp4_decode_gemm
 from anyfp4.formats.nvfp4 import dequantize_nvfp4
 
 

@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from nvfp4_linear import graph_time, random_nvfp4  # noqa: E402
 
 from anyfp4.kernels.cuda import weight_mma  # noqa: E402
-from anyfp4.kernels.cuda.weight_mma import MMAConfig, nvfp4_mma_gemm  # noqa: E402
+from anyfp4.dispatch.configs import MMAConfig
+from anyfp4.kernels.cuda.weight_mma import nvfp4_mma_gemm  # noqa: E402
 from anyfp4.bench.model import copy_bandwidth  # noqa: E402
 
 ROW_MAJOR_COMMIT = "ffc359e"

@@ -29,7 +29,9 @@ from nvfp4_linear import ROTATE_BYTES, SHAPES, graph_time, random_nvfp4  # noqa:
 
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4  # noqa: E402
 from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated  # noqa: E402
-from anyfp4.kernels.cuda.weight_mma import MMAConfig, fp8_mma_gemm, heuristic_config, n_tiles_for, nvfp4_mma_gemm  # noqa: E402
+from anyfp4.dispatch.configs import MMAConfig  # noqa: E402
+from anyfp4.dispatch.tuning import mma_heuristic_config as heuristic_config  # noqa: E402
+from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, n_tiles_for, nvfp4_mma_gemm  # noqa: E402
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
 from anyfp4.dispatch.tuning import mma_config  # noqa: E402
 from anyfp4.bench.model import copy_bandwidth  # noqa: E402

@@ -18,7 +18,8 @@ from nvfp4_linear import graph_time, random_nvfp4  # noqa: E402
 from anyfp4.kernels.cuda import weight_mma  # noqa: E402
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
 from anyfp4.dispatch.tuning import mma_config  # noqa: E402
-from anyfp4.kernels.cuda.weight_mma import MMAConfig, nvfp4_mma_gemm  # noqa: E402
+from anyfp4.dispatch.configs import MMAConfig
+from anyfp4.kernels.cuda.weight_mma import nvfp4_mma_gemm  # noqa: E402
 dev = torch.device("cuda", 0)
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 out = []

@@ -9,7 +9,7 @@ import torch
 import host_cuda
 from anyfp4 import ops
 from anyfp4.formats.fp8 import quantize_fp8
-from anyfp4.dispatch import tuning
+from anyfp4.kernels import device
 from anyfp4.kernels.cuda import weight_mma
 from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
@@ -21,7 +21,8 @@ N, K = 200, 1040
 
 @pytest.fixture
 def emulated_gpu(monkeypatch):
-    monkeypatch.setattr(tuning, "device_arch", lambda index=None: (90, 132))
+    monkeypatch.setattr(device, "device_arch", lambda index=None: (90, 132))
+    monkeypatch.setattr(weight_mma, "device_arch", lambda index=None: (90, 132))
     monkeypatch.setattr(weight_mma, "enabled", lambda sm: True)
     monkeypatch.setattr(weight_mma, "nvfp4_mma_gemm", host_cuda.gemm("nvfp4"))
     monkeypatch.setattr(weight_mma, "fp8_mma_gemm", host_cuda.gemm("fp8"))

@@ -102,7 +102,8 @@ def _peer_sum_worker(rank: int, port: int, failures) -> None:
 
     import torch.distributed as dist
 
-    from anyfp4.parallel.tensor_parallel import PEER_ROWS, all_reduce_sum, init_process_group, peer_all_reduce
+    from anyfp4.dispatch.limits import DECODE_ROWS as PEER_ROWS
+    from anyfp4.parallel.tensor_parallel import all_reduce_sum, init_process_group, peer_all_reduce
 
     os.environ["MASTER_PORT"] = str(port)
     init_process_group(rank, 2, "cuda", port)

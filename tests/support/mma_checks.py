@@ -6,7 +6,7 @@ import itertools
 import torch
 
 from anyfp4.formats.nvfp4 import NVFP4Weight
-from anyfp4.kernels.cuda.weight_mma import MMAConfig
+from anyfp4.dispatch.configs import MMAConfig
 
 CONFIGS = [MMAConfig(1, 8, 1, 2), MMAConfig(1, 4, 3, 4), MMAConfig(2, 4, 5, 2), MMAConfig(1, 8, 8, 8),
            MMAConfig(4, 2, 3, 2)]

@@ -6,10 +6,9 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-import torch
 
-from ..kernels.triton.nvfp4_decode import DecodeConfig
-from ..kernels.cuda.weight_mma import MMAConfig, heuristic_config as mma_heuristic_config
+from ..kernels.cuda.weight_mma import STEP_K, rows_per_block
+from .configs import DecodeConfig, MMAConfig
 
 # (sm, K, N, M-bucket) -> DecodeConfig, from `benchmarks/nvfp4_linear.py --tune` on that GPU
 # (sm_90: one H200, benchmarks/results/nvfp4_linear_h200.json). M-buckets: 1, 2, 4, 8, 16, 32; a
@@ -78,13 +77,6 @@ M_BUCKETS = (1, 2, 4, 8, 16, 32)
 # this kernel loads an activation tile row by row into shared memory either way. Other GPUs: off
 # until measured.
 ACT_PACK_FROM_M = {70: 8, 75: 7}
-
-
-@functools.lru_cache(maxsize=None)
-def device_arch(index: int) -> tuple[int, int]:
-    """(sm as major*10+minor, multiprocessor count) of CUDA device ``index``."""
-    props = torch.cuda.get_device_properties(index)
-    return props.major * 10 + props.minor, props.multi_processor_count
 
 
 def m_bucket(m: int) -> int:
@@ -264,6 +256,20 @@ MMA_LAUNCH_TABLE: dict[tuple[int, str, bool, int, int, int], MMAConfig] = {
     (90, "fp8", True, 4096, 14336, 16): MMAConfig(1, 8, 2, 4),
     (90, "fp8", True, 4096, 14336, 32): MMAConfig(1, 8, 2, 2),
 }
+
+
+def mma_heuristic_config(n_rows: int, k_pad: int, m: int, sms: int, gated: bool, fmt: str = "nvfp4") -> MMAConfig:
+    """Eight warps of 16 rows per block; split-K to about four blocks per multiprocessor (a power of two,
+    at least four steps per block, fp32 partials under a fifth of the weight bytes)."""
+    c = MMAConfig()
+    blocks = -(-n_rows // rows_per_block(c))
+    steps = k_pad // STEP_K[fmt]
+    weight_bytes = k_pad * (0.5625 if fmt == "nvfp4" else 1.0)
+    split = 1
+    while (blocks * split * 2 <= 4 * sms * 1.5 and steps // (split * 2) >= 4
+           and (split * 2) * m * 8 * (2 if gated else 1) <= 0.2 * weight_bytes):
+        split *= 2
+    return MMAConfig(split_k=split, depth=4 if blocks * split >= 2 * sms and steps // split >= 16 else 2)
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
+from ..dispatch.limits import DECODE_ROWS
 from ..formats.fp8 import FP8Weight
 from ..formats.nvfp4 import NVFP4Weight
 from ..packing.fp8 import prepack_fp8, prepack_fp8_gated
@@ -90,11 +91,10 @@ class FP8Linear(nn.Module):
         return total * self.scales[: self.out_features]
 
 
-SMALL_ROWS = 32
 
 
 class DenseLinear(nn.Module):
-    """cuBLAS; on a GPU a call of at most ``SMALL_ROWS`` rows runs on exactly ``SMALL_ROWS`` rows (zero
+    """cuBLAS; on a GPU a call of at most ``DECODE_ROWS`` rows runs on exactly ``DECODE_ROWS`` rows (zero
     padded). cuBLAS picks its kernel, and so each row's summation order, by shape: one shape for every
     small step makes a row's output independent of how many rows share the step (a one-token decode
     step and a speculative verify pass give the same bits). At <= 32 rows the GEMM reads the weight
@@ -107,8 +107,8 @@ class DenseLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if x.is_cuda and 0 < rows <= SMALL_ROWS:
-            padded = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, SMALL_ROWS - rows))
+        if x.is_cuda and 0 < rows <= DECODE_ROWS:
+            padded = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, DECODE_ROWS - rows))
             return F.linear(padded, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)
         return F.linear(x, self.weight, self.bias)
 

@@ -42,6 +42,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..dispatch.limits import DECODE_ROWS
 from ..formats.nvfp4 import dequantize_nvfp4
 from ..packing.nvfp4 import NVFP4Prepacked, unprepack_nvfp4, unprepack_nvfp4_gated
 from .checks import check_bias, check_fake_devices, check_fp8, check_input_scale, check_nvfp4
@@ -87,18 +88,18 @@ def _cpu(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], partial: bool = F
 
 
 def _in_row_chunks(x2: Tensor, run) -> Tensor:
-    """``run`` on at most 32 rows at a time (the decode kernels' rows do not depend on the call's other rows)."""
-    return torch.cat([run(x2[i:i + 32]) for i in range(0, x2.shape[0], 32)])
+    """``run`` on at most ``DECODE_ROWS`` rows at a time (the decode kernels' rows do not depend on the call's other rows)."""
+    return torch.cat([run(x2[i:i + DECODE_ROWS]) for i in range(0, x2.shape[0], DECODE_ROWS)])
 
 
 def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], partial: bool = False, split_k: int = 0) -> Tensor:
     from ..env import act_pack_mode, prefill_mode
-    from ..kernels.triton.nvfp4_decode import MAX_DECODE_M, nvfp4_decode_gemm
+    from ..kernels.triton.nvfp4_decode import nvfp4_decode_gemm
     from ..kernels.triton.nvfp4_dequant import nvfp4_prefill_gemm
     from ..kernels.triton.nvfp4_gemv import nvfp4_gemv
     from ..kernels.cuda import weight_mma
-    from ..dispatch.tuning import act_pack_auto, decode_config, device_arch, gemv_heuristic_config, mma_config
-    from ..kernels.cuda.weight_mma import MAX_MMA_M
+    from ..dispatch.tuning import act_pack_auto, decode_config, gemv_heuristic_config, mma_config
+    from ..kernels.device import device_arch
 
     x2 = x.reshape(-1, w.in_features)
     if x2.stride(-1) != 1:
@@ -115,15 +116,15 @@ def _cuda(x: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], partial: bool = 
         config = mma_config(sm, sms, "nvfp4", w.gated, w.out_features, w.in_features, k_pad, rows.shape[0], split_k)
         return weight_mma.nvfp4_mma_gemm(rows, w, bias, config, out_dtype=out_dtype)
 
-    if m <= MAX_MMA_M and weight_mma.enabled(sm):
+    if m <= DECODE_ROWS and weight_mma.enabled(sm):
         y = mma(x2)
-    elif m > MAX_DECODE_M and prefill_mode() == "chunked" and weight_mma.enabled(sm):
+    elif m > DECODE_ROWS and prefill_mode() == "chunked" and weight_mma.enabled(sm):
         y = _in_row_chunks(x2, mma)
-    elif m > MAX_DECODE_M and prefill_mode() == "fused":
+    elif m > DECODE_ROWS and prefill_mode() == "fused":
         from ..kernels.triton.nvfp4_decode import nvfp4_fused_gemm
 
         y = nvfp4_fused_gemm(x2, _unit_scale(w) if partial else w, bias, out_dtype=out_dtype)
-    elif m > MAX_DECODE_M:
+    elif m > DECODE_ROWS:
         y = nvfp4_prefill_gemm(x2, _unit_scale(w) if partial else w, bias, out_dtype)
     else:
         if m == 1:
@@ -197,13 +198,12 @@ def _w8a8_applies(x: Tensor, m: int, input_scale: Optional[Tensor]) -> bool:
     """``ANYFP4_FP8_PREFILL=w8a8`` for a prefill-sized call of a layer with an input scale, on a device with FP8
     matmuls (sm_89+ GPUs, the CPU) and without ``ANYFP4_PREFILL=chunked``."""
     from ..env import fp8_prefill_mode, prefill_mode
-    from ..kernels.cuda.weight_mma import MAX_MMA_M  # the decode kernels' rows (32); above: a prefill
 
-    if input_scale is None or m <= MAX_MMA_M or fp8_prefill_mode() != "w8a8":
+    if input_scale is None or m <= DECODE_ROWS or fp8_prefill_mode() != "w8a8":
         return False
     if not x.is_cuda:
         return True
-    from ..dispatch.tuning import device_arch
+    from ..kernels.device import device_arch
 
     if device_arch(x.device.index)[0] < 89:
         _warn_once("ANYFP4_FP8_PREFILL=w8a8 needs FP8 tensor cores (sm_89+); FP8 prefill stays weight-only here")
@@ -235,7 +235,8 @@ def _fp8_cuda(x2: Tensor, w, bias: Optional[Tensor], partial: bool, split_k: int
     from ..env import prefill_mode
     from ..kernels.cuda import weight_mma
     from ..kernels.triton.fp8_linear import fp8_gemv, fp8_matmul
-    from ..dispatch.tuning import device_arch, mma_config
+    from ..dispatch.tuning import mma_config
+    from ..kernels.device import device_arch
 
     m = x2.shape[0]
     out_dtype = torch.float32 if partial else None
@@ -249,7 +250,7 @@ def _fp8_cuda(x2: Tensor, w, bias: Optional[Tensor], partial: bool, split_k: int
 
     if m == 0:
         return x2.new_empty(0, w.out_features, dtype=out_dtype or x2.dtype)
-    if m <= weight_mma.MAX_MMA_M and weight_mma.enabled(sm):
+    if m <= DECODE_ROWS and weight_mma.enabled(sm):
         return mma(x2)
     if prefill_mode() == "chunked" and weight_mma.enabled(sm):
         return _in_row_chunks(x2, mma)

@@ -21,7 +21,7 @@ def check_activations(x: Tensor, in_features: int, name: str, *weights: Tensor) 
     if any(t.device != x.device for t in weights):
         raise ValueError(f"{name}: x and the weight tensors must be on one device")
     if x.device.type == "cuda":
-        from ..dispatch.tuning import device_arch
+        from ..kernels.device import device_arch
 
         sm, _ = device_arch(x.device.index if x.device.index is not None else torch.cuda.current_device())
         if sm < 70:

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..dispatch.limits import DECODE_ROWS
 from ..formats.fp8 import FP8Weight
 from ..formats.nvfp4 import GROUP_SIZE, NVFP4Weight
 from ..nn.linear import FP8Linear, NVFP4Linear
@@ -124,7 +125,6 @@ class PeerAllReduce:
         return out
 
 
-PEER_ROWS = 32  # rows per call the peer all-reduce takes (decode and verify steps); larger calls use NCCL
 
 
 def peer_all_reduce(device: torch.device, width: int) -> PeerAllReduce | None:
@@ -136,7 +136,7 @@ def peer_all_reduce(device: torch.device, width: int) -> PeerAllReduce | None:
     if device.type != "cuda" or mode == "nccl":
         return None
     try:
-        return PeerAllReduce(device, PEER_ROWS * width)
+        return PeerAllReduce(device, DECODE_ROWS * width)  # decode and verify steps; larger calls use NCCL
     except Exception as e:  # an older torch or a GPU without peer access
         if mode == "peer":
             raise RuntimeError(f"ANYFP4_TP_ALLREDUCE=peer: symmetric memory is not usable here ({e})") from e
@@ -212,7 +212,8 @@ def shard_lm_head(model: nn.Module, rank: int, tp: int) -> None:
 def _single_gpu_split(layer: nn.Module, n: int, k: int, gated: bool) -> int:
     """The split-K one GPU uses for the full ``n`` x ``k`` layer (the launch table's, from M = 1)."""
     from ..packing.nvfp4 import K_ALIGN, _round_up
-    from ..dispatch.tuning import device_arch, mma_config
+    from ..dispatch.tuning import mma_config
+    from ..kernels.device import device_arch
 
     sm, sms = device_arch(layer.codes.device.index)
     fmt = "nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"
@@ -229,7 +230,7 @@ def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
         return
     from ..kernels.cuda import weight_mma
     from ..packing.nvfp4 import K_ALIGN, _round_up
-    from ..dispatch.tuning import device_arch
+    from ..kernels.device import device_arch
 
     if not weight_mma.enabled(device_arch(model.device.index)[0]):
         return

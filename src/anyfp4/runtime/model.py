@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ..dispatch.limits import DECODE_ROWS
 from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
 from ..kernels.glue.reference import rope_cache_reference
 from .config import ModelArgs, rope_inv_freq
@@ -20,7 +21,6 @@ from .config import ModelArgs, rope_inv_freq
 # Prefill attention backends whose forward gives the same bits run after run. cuDNN's is left out: on the H200
 # greedy text over 256+ cached tokens changed from run to run with it allowed (benchmarks/NOTES.md).
 DETERMINISTIC_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-SMALL_Q = 32  # decode and verify steps: attention over the cache by small_attention (CUDA) / attend_small (CPU)
 
 
 def attend_small(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -83,10 +83,10 @@ class Attention(nn.Module):
         # updates, with no functionalized copies of them).
         rope = rope_cache_reference if torch.compiler.is_compiling() else torch.ops.anyfp4.rope_cache
         q = rope(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos).transpose(1, 2)  # (b, h, t, hd)
-        if t <= SMALL_Q and q.is_cuda:  # rows independent of t: decode and verify steps give the same bits
+        if t <= DECODE_ROWS and q.is_cuda:  # rows independent of t: decode and verify steps give the same bits
             y = torch.ops.anyfp4.small_attention(q, self.k_cache, self.v_cache, mask, input_pos)
             return self.o_proj(y.reshape(b, t, a.num_heads * a.head_dim))
-        if t <= SMALL_Q:
+        if t <= DECODE_ROWS:  # decode and verify steps: attention over the cache (small_attention / attend_small)
             y = attend_small(q, self.k_cache, self.v_cache, mask)
         else:
             g = a.num_heads // a.num_kv_heads

@@ -13,7 +13,9 @@ from anyfp4.formats.nvfp4 import dequantize_nvfp4
 from anyfp4.kernels.cuda import nvrtc, weight_mma
 from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
-from anyfp4.kernels.cuda.weight_mma import MMAConfig, fp8_mma_gemm, nvfp4_mma_gemm
+from anyfp4.dispatch import tuning
+from anyfp4.dispatch.configs import MMAConfig
+from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, nvfp4_mma_gemm
 from mma_checks import check_kernel, nvfp4_weight, rel_err, sweep_cases
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -267,7 +269,7 @@ def test_fragment_loads_meet_no_bank_conflict(fmt):
 def test_heuristic_configs_fit_every_prepack():
     for n, k, m, gated, fmt in itertools.product([128, 4120, 14336], [256, 1552, 8192], [1, 8, 32], [False, True],
                                                  ["nvfp4", "fp8"]):
-        c = weight_mma.heuristic_config(n, -(-k // 256) * 256, m, 132, gated, fmt)
+        c = tuning.mma_heuristic_config(n, -(-k // 256) * 256, m, 132, gated, fmt)
         assert weight_mma.rows_per_block(c) == 128 and c.split_k >= 1
 
 
@@ -417,7 +419,7 @@ def test_two_ranks_shares_add_up_to_one_gpus_bits(fmt, dtype):
         call = lambda x, p, s: op(x, p.codes, p.scales, None, p.out_features, p.in_features, s)  # noqa: E731
         share = lambda x, p, s: part(x, p.codes, p.scales, p.out_features, p.in_features, s)  # noqa: E731
         scale = lambda p: p.scales[: p.out_features]  # noqa: E731
-    from anyfp4.dispatch.tuning import device_arch
+    from anyfp4.kernels.device import device_arch
 
     p = pack(w)
     split = mma_config(*device_arch(torch.cuda.current_device()), fmt, False, n, k, k, 1).split_k

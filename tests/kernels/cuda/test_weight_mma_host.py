@@ -11,7 +11,7 @@ from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
 from anyfp4.formats.nvfp4 import dequantize_nvfp4
 from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
-from anyfp4.kernels.cuda.weight_mma import MMAConfig
+from anyfp4.dispatch.configs import MMAConfig
 from mma_checks import CONFIGS, check_kernel, nvfp4_weight
 
 pytestmark = pytest.mark.skipif(not host_cuda.available(), reason="needs a host C++ compiler (g++)")

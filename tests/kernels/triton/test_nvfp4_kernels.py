@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
-from anyfp4.kernels.triton.nvfp4_decode import DecodeConfig, nvfp4_decode_gemm
+from anyfp4.dispatch.configs import DecodeConfig
+from anyfp4.kernels.triton.nvfp4_decode import nvfp4_decode_gemm
 from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm
 from anyfp4.kernels.triton.nvfp4_gemv import nvfp4_gemv
 from anyfp4.dispatch.tuning import gemv_heuristic_config
@@ -125,7 +126,8 @@ def test_gemv_gated(device, split):
 def test_fused_prefill_gemm(device, dtype):
     """ANYFP4_PREFILL=fused: the decode kernel over several row tiles — plain + bias, gated, the float32 share;
     every output written (poisoned first), repeated runs identical."""
-    from anyfp4.kernels.triton.nvfp4_decode import FusedConfig, nvfp4_fused_gemm
+    from anyfp4.dispatch.configs import FusedConfig
+    from anyfp4.kernels.triton.nvfp4_decode import nvfp4_fused_gemm
 
     n, k, m = 130, 272, 40  # 3 row tiles of 16 (the last partial), 3 column tiles of 64
     gen = torch.Generator().manual_seed(9)

@@ -19,20 +19,14 @@ from importlib import resources
 
 import torch
 
+from ...dispatch.configs import MMAConfig
+from ...dispatch.limits import DECODE_ROWS
+from ..device import device_arch
 from . import nvrtc
 
-MAX_MMA_M = 32
 MIN_SM = 80
 STEP_K = {"nvfp4": 128, "fp8": 64}  # k per main-loop step
 KERNEL = "anyfp4_weight_mma"
-
-
-@dataclass(frozen=True)
-class MMAConfig:
-    mt: int = 1  # m16 tiles per warp
-    warps: int = 8
-    split_k: int = 1
-    depth: int = 2  # main-loop steps of code words in flight per thread
 
 
 @functools.cache
@@ -73,20 +67,6 @@ def stage_k(m: int, stage_bytes: int | None = None, least: int = 128, fmt: str =
     return kc
 
 
-def heuristic_config(n_rows: int, k_pad: int, m: int, sms: int, gated: bool, fmt: str = "nvfp4") -> MMAConfig:
-    """Eight warps of 16 rows per block; split-K to about four blocks per multiprocessor (a power of two,
-    at least four steps per block, fp32 partials under a fifth of the weight bytes)."""
-    c = MMAConfig()
-    blocks = -(-n_rows // rows_per_block(c))
-    steps = k_pad // STEP_K[fmt]
-    weight_bytes = k_pad * (0.5625 if fmt == "nvfp4" else 1.0)
-    split = 1
-    while (blocks * split * 2 <= 4 * sms * 1.5 and steps // (split * 2) >= 4
-           and (split * 2) * m * 8 * (2 if gated else 1) <= 0.2 * weight_bytes):
-        split *= 2
-    return MMAConfig(split_k=split, depth=4 if blocks * split >= 2 * sms and steps // split >= 16 else 2)
-
-
 _COUNTERS: dict[int, torch.Tensor] = {}
 COUNTER_SLOTS = 1 << 16
 
@@ -107,7 +87,6 @@ def early_launch(device: int) -> bool:
     """Programmatic dependent launch on sm_90+ unless ``ANYFP4_EARLY_LAUNCH=0``: the kernel loads its first
     weights while the previous kernel finishes."""
     from ...env import early_launch_allowed
-    from ...dispatch.tuning import device_arch
 
     return device_arch(device)[0] >= 90 and early_launch_allowed()
 
@@ -145,8 +124,8 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     """Check the inputs and work out a launch; no GPU needed (``stage_bytes``: the shared memory a block may
     stage activations in; ``counters``: the split-K arrival counters, all zero)."""
     m, k = x.shape
-    if not 1 <= m <= MAX_MMA_M:
-        raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {MAX_MMA_M}, got {m}")
+    if not 1 <= m <= DECODE_ROWS:
+        raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {DECODE_ROWS}, got {m}")
     if x.stride(1) != 1 or x.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError("x must be fp16/bf16 with a contiguous last dimension")
     c = config

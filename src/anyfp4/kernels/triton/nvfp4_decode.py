@@ -22,28 +22,18 @@ atomics, so identical inputs give identical bits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from ...dispatch.configs import DecodeConfig, FusedConfig
 from ...env import triton_interpret
 from .bits import block_scale_fp16, decode_words_fp16, tiled_scale_offset, tiled_word_offset
 from .nvfp4_dequant import round_to_output
 from ...packing.nvfp4 import NVFP4Prepacked
 
-MAX_DECODE_M = 32
 ACT_PACK_GROUP = 16  # block-packed activations: [K_pad / 16][rows][16]
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    block_n: int = 64
-    block_k: int = 256
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
 
 
 @triton.jit
@@ -220,15 +210,6 @@ def nvfp4_decode_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | N
             num_warps=4,
         )
     return out
-
-
-@dataclass(frozen=True)
-class FusedConfig:
-    block_m: int = 128
-    block_n: int = 128
-    block_k: int = 128
-    num_warps: int = 8
-    num_stages: int = 3
 
 
 def nvfp4_fused_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None,

@@ -24,7 +24,8 @@ import triton.language as tl
 
 from ...env import triton_interpret
 from .bits import e2m1_fp16_at, tiled_scale_offset, tiled_word_offset
-from .nvfp4_decode import DecodeConfig, _epilogue, splitk_reduce_kernel
+from ...dispatch.configs import DecodeConfig
+from .nvfp4_decode import _epilogue, splitk_reduce_kernel
 from ...packing.nvfp4 import NVFP4Prepacked
 
 

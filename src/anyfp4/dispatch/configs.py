@@ -1,0 +1,35 @@
+"""Launch configurations of the decode and prefill kernels: frozen dataclasses with named fields. The kernels take
+them as arguments; which one a call gets is ``dispatch.tuning``'s decision (launch tables, heuristics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MMAConfig:
+    """The CUDA decode kernel (``kernels.cuda.weight_mma``)."""
+    mt: int = 1  # m16 tiles per warp
+    warps: int = 8
+    split_k: int = 1
+    depth: int = 2  # main-loop steps of code words in flight per thread
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The Triton decode kernels (``kernels.triton.nvfp4_decode``, ``nvfp4_gemv``): one program's tile and K slices."""
+    block_n: int = 64
+    block_k: int = 256
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    """The Triton prefill GEMM that decodes weight tiles in registers (``ANYFP4_PREFILL=fused``)."""
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 128
+    num_warps: int = 8
+    num_stages: int = 3
