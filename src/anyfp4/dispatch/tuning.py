@@ -1,5 +1,4 @@
-"""Launch choices for the NVFP4 decode kernel: a table measured on real GPUs, a heuristic elsewhere,
-and the activation block-pack decision. Device properties are read lazily and cached."""
+"""Launch choices for the NVFP4 decode kernel: a table measured on real GPUs, a heuristic elsewhere."""
 
 from __future__ import annotations
 
@@ -71,12 +70,6 @@ LAUNCH_TABLE: dict[tuple[int, int, int, int], DecodeConfig] = {
 }
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32)
-# Activation block-pack pays from these M on (sm -> first M). sm_70 / sm_75: the measurements of
-# the hand-written kernels this design comes from. sm_90: never — on the H200 the packed variant
-# was slower at every M and shape measured (54 of 54 cases, nvfp4_linear_h200.json), because
-# this kernel loads an activation tile row by row into shared memory either way. Other GPUs: off
-# until measured.
-ACT_PACK_FROM_M = {70: 8, 75: 7}
 
 
 def m_bucket(m: int) -> int:
@@ -109,11 +102,6 @@ def gemv_heuristic_config(n: int, k_pad: int, sms: int) -> DecodeConfig:
 
 def decode_config(sm: int, sms: int, n: int, k: int, k_pad: int, m: int) -> DecodeConfig:
     return LAUNCH_TABLE.get((sm, k, n, m_bucket(m))) or heuristic_config(n, k_pad, sms)
-
-
-def act_pack_auto(sm: int, m: int) -> bool:
-    first = ACT_PACK_FROM_M.get(sm)
-    return first is not None and m >= first
 
 
 # CUDA tensor-core decode kernel (weight_mma): (sm, format, gated, K, N, M-bucket) -> MMAConfig, the fastest of
