@@ -32,7 +32,7 @@ from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
 from anyfp4.dispatch.tuning import heuristic_config  # noqa: E402
 from anyfp4.bench.model import copy_bandwidth  # noqa: E402
-from anyfp4.ops import linear as nvfp4_op  # noqa: E402
+from anyfp4.ops.nvfp4 import nvfp4_prepacked_linear as nvfp4_op  # noqa: E402
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (3584, 5120), (8704, 5120), (5120, 1536), (5120, 4352),
           (62080, 5120), (28672, 8192)]

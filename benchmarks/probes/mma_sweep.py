@@ -35,7 +35,7 @@ from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, n_tiles_for, nvfp4_mma_
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
 from anyfp4.dispatch.tuning import mma_config  # noqa: E402
 from anyfp4.bench.model import copy_bandwidth  # noqa: E402
-from anyfp4.ops import linear as nvfp4_op  # noqa: E402
+from anyfp4.ops.nvfp4 import nvfp4_prepacked_linear as nvfp4_op  # noqa: E402
 
 import anyfp4.ops  # noqa: E402,F401
 

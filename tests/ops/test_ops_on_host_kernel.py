@@ -1,4 +1,4 @@
-"""The ops' GPU dispatch (``ops._cuda``, ``ops._fp8_cuda``) run on the CPU with the CUDA kernel's host build in
+"""The ops' GPU dispatch (``nvfp4_on_gpu``, ``fp8_on_gpu``) run on the CPU with the CUDA kernel's host build in
 place of the GPU launch (an sm_90 with 132 multiprocessors as far as the launch tables know): M buckets, bias,
 gated, float32 partials and chunked prefill against the ops' CPU reference, and rows whose bits do not depend on
 the other rows of the call."""
@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import host_cuda
-from anyfp4 import ops
 from anyfp4.formats.fp8 import quantize_fp8
 from anyfp4.kernels import device
 from anyfp4.kernels.cuda import weight_mma
+from anyfp4.ops.fp8 import fp8_on_cpu, fp8_on_gpu
+from anyfp4.ops.nvfp4 import nvfp4_on_gpu, nvfp4_reference
 from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
 from mma_checks import nvfp4_weight, rel_err
@@ -33,13 +34,13 @@ def layers(fmt, gen):
     if fmt == "nvfp4":
         w, gate, up = (nvfp4_weight(N, K, gen, torch.tensor(2e-3), device="cpu") for _ in range(3))
         return (prepack_nvfp4(w), prepack_nvfp4_gated(gate, up),
-                lambda x, p, b, partial=False: ops._cuda(x, p, b, partial=partial),
-                lambda x, p, b, partial=False: ops._reference(x, p, b, partial=partial))
+                lambda x, p, b, partial=False: nvfp4_on_gpu(x, p, b, partial=partial),
+                lambda x, p, b, partial=False: nvfp4_reference(x, p, b, partial=partial))
     w, gate, up = (quantize_fp8(torch.randn(N, K, generator=gen), per_channel=True) for _ in range(3))
 
     return (prepack_fp8(w), prepack_fp8_gated(gate, up),
-            lambda x, p, b, partial=False: ops._fp8_cuda(x, p, b, partial, 0),
-            lambda x, p, b, partial=False: ops._fp8_run(x, p, b, partial=partial))
+            lambda x, p, b, partial=False: fp8_on_gpu(x, p, b, partial, 0),
+            lambda x, p, b, partial=False: fp8_on_cpu(x, p, b, partial=partial))
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])

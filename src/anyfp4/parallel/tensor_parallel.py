@@ -210,14 +210,11 @@ def shard_lm_head(model: nn.Module, rank: int, tp: int) -> None:
 
 
 def _single_gpu_split(layer: nn.Module, n: int, k: int, gated: bool) -> int:
-    """The split-K one GPU uses for the full ``n`` x ``k`` layer (the launch table's, from M = 1)."""
-    from ..packing.nvfp4 import K_ALIGN, _round_up
-    from ..dispatch.tuning import mma_config
-    from ..kernels.device import device_arch
+    """The split-K one GPU uses for the full ``n`` x ``k`` layer (dispatch's: the launch table's, from M = 1)."""
+    from ..dispatch.split_k import single_gpu_split_k
 
-    sm, sms = device_arch(layer.codes.device.index)
     fmt = "nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"
-    return mma_config(sm, sms, fmt, gated, n, k, _round_up(k, K_ALIGN), 1).split_k
+    return single_gpu_split_k(layer.codes.device, fmt, gated, n, k)
 
 
 def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
@@ -226,14 +223,10 @@ def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
     rank's rows then add up their k in the order one GPU does; with two ranks and an even split, one GPU
     sums each half of its slices as a rank sums its own before adding the halves (``sum_slices`` in
     ``cuda/weight_mma.cu``), so the ranks' float32 shares summed give one GPU's sum bit for bit."""
-    if model.device.type != "cuda":  # before the GPU-only imports (tuning needs Triton)
+    if model.device.type != "cuda":  # before the GPU-only imports
         return
-    from ..kernels.cuda import weight_mma
-    from ..packing.nvfp4 import K_ALIGN, _round_up
-    from ..kernels.device import device_arch
+    from ..dispatch.split_k import row_parallel_split_k
 
-    if not weight_mma.enabled(device_arch(model.device.index)[0]):
-        return
     quantized = (NVFP4Linear, FP8Linear)
     for blk in model.blocks:
         qkv = blk.attn.qkv if isinstance(blk.attn.qkv, nn.ModuleList) else [blk.attn.qkv]
@@ -241,15 +234,16 @@ def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
             blk.mlp.gate_up, blk.mlp.gate, blk.mlp.up)]
         for layer, gated in column:
             if isinstance(layer, quantized):
-                layer.split_k = _single_gpu_split(layer, layer.out_features * tp, layer.in_features, gated)
+                split = _single_gpu_split(layer, layer.out_features * tp, layer.in_features, gated)
+                if split:  # 0: the CUDA decode kernel does not serve this GPU
+                    layer.split_k = split
         for layer in (blk.attn.o_proj, blk.mlp.down):
             if not isinstance(layer, quantized):
                 continue
-            full_k = layer.in_features * tp
-            split = _single_gpu_split(layer, layer.out_features, full_k, False)
-            step = weight_mma.STEP_K["nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"]
-            if split % tp == 0 and (_round_up(full_k, K_ALIGN) // step) % tp == 0:  # else: close, not the same bits
-                layer.split_k = split // tp
+            fmt = "nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"
+            split = row_parallel_split_k(layer.codes.device, fmt, layer.out_features, layer.in_features * tp, tp)
+            if split:  # else: the CUDA kernel does not serve this GPU, or close, not the same bits
+                layer.split_k = split
 
 
 def wrap_row_parallel(model: nn.Module, tp: int) -> None:

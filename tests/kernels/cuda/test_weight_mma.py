@@ -327,9 +327,10 @@ def test_kernel_switch_is_read_inside_the_op(monkeypatch):
 
 def test_split_k_does_not_depend_on_m():
     """Only the split-K sets a row's summation order in the CUDA kernel, so it comes from M = 1 for every M."""
-    from anyfp4.dispatch.tuning import MMA_LAUNCH_TABLE, mma_config
+    from anyfp4.dispatch.launch_tables import builtin_mma_table
+    from anyfp4.dispatch.tuning import mma_config
 
-    shapes = {(key[1], key[2], key[3], key[4]) for key in MMA_LAUNCH_TABLE} | {("nvfp4", False, 576, 1536)}
+    shapes = {(key[1], key[2], key[3], key[4]) for key in builtin_mma_table()} | {("nvfp4", False, 576, 1536)}
     for fmt, gated, k, n in shapes:
         k_pad = -(-k // 256) * 256
         splits = {mma_config(90, 132, fmt, gated, n, k, k_pad, m).split_k for m in range(1, 33)}

@@ -1,0 +1,106 @@
+"""dispatch/policy.py: which kernel runs a quantized linear, as a table of plain inputs (device sm, M, format,
+switches) and the kernel each gets — NVFP4 and FP8 from one function, nothing read from the environment."""
+
+import pytest
+
+from anyfp4.dispatch.policy import Choice, Kernel, act_pack_auto, choose_kernel
+
+K = Kernel
+W8A8_OFF_HERE = ("ANYFP4_FP8_PREFILL=w8a8 needs FP8 tensor cores (sm_89+); FP8 prefill stays weight-only here")
+
+# (format, M, sm or None for the CPU, facts) -> (kernel, act_pack, warning)
+CASES = [
+    # the CPU: the C kernels / reference, W8A8 where asked for and possible
+    ("nvfp4", 1, None, {}, K.CPU),
+    ("nvfp4", 100, None, dict(prefill="chunked"), K.CPU),
+    ("fp8", 40, None, dict(fp8_prefill="w8a8", has_input_scale=True), K.W8A8_SCALED_MM),
+    ("fp8", 40, None, dict(fp8_prefill="w8a8", has_input_scale=True, prefill="chunked"), K.W8A8_SCALED_MM),
+    ("fp8", 32, None, dict(fp8_prefill="w8a8", has_input_scale=True), K.CPU),  # decode-sized
+    ("fp8", 40, None, dict(fp8_prefill="w8a8"), K.CPU),  # no input scale
+    ("fp8", 40, None, dict(fp8_prefill="w8a8", has_input_scale=True, partial=True), K.CPU),  # a share
+    ("fp8", 40, None, dict(has_input_scale=True), K.CPU),  # weight-only (the default)
+    # sm_80+ with the CUDA kernel: decode-sized calls
+    ("nvfp4", 1, 90, dict(mma_enabled=True), K.CUDA_MMA),
+    ("nvfp4", 9, 90, dict(mma_enabled=True, act_pack="1"), K.CUDA_MMA),
+    ("nvfp4", 32, 80, dict(mma_enabled=True, prefill="fused"), K.CUDA_MMA),
+    ("fp8", 1, 90, dict(mma_enabled=True), K.CUDA_MMA),
+    ("fp8", 32, 86, dict(mma_enabled=True, partial=True), K.CUDA_MMA),
+    ("fp8", 32, 90, dict(mma_enabled=True, fp8_prefill="w8a8", has_input_scale=True), K.CUDA_MMA),
+    # prefill
+    ("nvfp4", 33, 90, dict(mma_enabled=True), K.DEQUANTIZE_CUBLAS),
+    ("nvfp4", 33, 90, dict(mma_enabled=True, prefill="chunked"), K.CUDA_MMA_ROW_CHUNKS),
+    ("nvfp4", 33, 90, dict(mma_enabled=True, prefill="fused"), K.TRITON_FUSED_PREFILL),
+    ("nvfp4", 500, 75, dict(prefill="fused"), K.TRITON_FUSED_PREFILL),
+    ("nvfp4", 500, 75, dict(prefill="chunked"), K.DEQUANTIZE_CUBLAS),  # no CUDA kernel to chunk
+    ("fp8", 100, 90, dict(mma_enabled=True), K.DEQUANTIZE_CUBLAS),
+    ("fp8", 100, 90, dict(mma_enabled=True, prefill="chunked"), K.CUDA_MMA_ROW_CHUNKS),
+    ("fp8", 100, 90, dict(mma_enabled=True, prefill="fused"), K.DEQUANTIZE_CUBLAS),  # fused: NVFP4's only
+    ("fp8", 100, 75, dict(prefill="chunked"), K.DEQUANTIZE_CUBLAS),
+    # W8A8 on a GPU: sm_89+, not with chunked prefill, not for a share
+    ("fp8", 40, 90, dict(mma_enabled=True, fp8_prefill="w8a8", has_input_scale=True), K.W8A8_SCALED_MM),
+    ("fp8", 40, 89, dict(mma_enabled=True, fp8_prefill="w8a8", has_input_scale=True), K.W8A8_SCALED_MM),
+    ("fp8", 40, 90, dict(mma_enabled=True, fp8_prefill="w8a8", has_input_scale=True, prefill="chunked"),
+     K.CUDA_MMA_ROW_CHUNKS),
+    ("fp8", 40, 90, dict(mma_enabled=True, fp8_prefill="w8a8", has_input_scale=True, partial=True),
+     K.DEQUANTIZE_CUBLAS),
+    ("fp8", 40, 90, dict(mma_enabled=True, fp8_prefill="w8a8"), K.DEQUANTIZE_CUBLAS),
+    ("nvfp4", 40, 90, dict(mma_enabled=True, fp8_prefill="w8a8", has_input_scale=True), K.DEQUANTIZE_CUBLAS),
+    ("fp8", 40, 86, dict(mma_enabled=True, fp8_prefill="w8a8", has_input_scale=True),
+     (K.DEQUANTIZE_CUBLAS, False, W8A8_OFF_HERE)),
+    ("fp8", 40, 86, dict(mma_enabled=True, fp8_prefill="w8a8", has_input_scale=True, prefill="chunked"),
+     (K.CUDA_MMA_ROW_CHUNKS, False, W8A8_OFF_HERE)),
+    ("fp8", 40, 75, dict(fp8_prefill="w8a8", has_input_scale=True), (K.DEQUANTIZE_CUBLAS, False, W8A8_OFF_HERE)),
+    # no CUDA kernel (sm_70/75, no NVRTC, ANYFP4_KERNELS=triton): the Triton kernels
+    ("nvfp4", 1, 75, {}, K.TRITON_GEMV),
+    ("nvfp4", 1, 90, dict(act_pack="1"), K.TRITON_GEMV),
+    ("nvfp4", 6, 75, {}, (K.TRITON_DECODE, False, None)),
+    ("nvfp4", 7, 75, {}, (K.TRITON_DECODE, True, None)),  # block-pack from M = 7 on sm_75
+    ("nvfp4", 7, 70, {}, (K.TRITON_DECODE, False, None)),
+    ("nvfp4", 8, 70, {}, (K.TRITON_DECODE, True, None)),  # from M = 8 on sm_70
+    ("nvfp4", 32, 90, {}, (K.TRITON_DECODE, False, None)),  # never on sm_90 (auto)
+    ("nvfp4", 32, 90, dict(act_pack="1"), (K.TRITON_DECODE, True, None)),
+    ("nvfp4", 32, 75, dict(act_pack="0"), (K.TRITON_DECODE, False, None)),
+    ("nvfp4", 32, 75, dict(prefill="chunked"), (K.TRITON_DECODE, True, None)),  # prefill switches: M > 32 only
+    ("fp8", 1, 75, {}, K.TRITON_GEMV),
+    ("fp8", 2, 75, {}, K.DEQUANTIZE_CUBLAS),  # FP8 has no Triton decode kernel
+    ("fp8", 32, 90, dict(act_pack="1"), K.DEQUANTIZE_CUBLAS),
+]
+
+
+@pytest.mark.parametrize("fmt, m, sm, facts, want", CASES, ids=lambda v: str(v))
+def test_choice(fmt, m, sm, facts, want):
+    kernel, act_pack, warning = want if isinstance(want, tuple) else (want, False, None)
+    assert choose_kernel(fmt, m, sm, **facts) == Choice(kernel, act_pack=act_pack, warning=warning)
+
+
+def test_every_kernel_is_somebodys_choice():
+    chosen = set()
+    for fmt, m, sm, facts, want in CASES:
+        chosen.add(choose_kernel(fmt, m, sm, **facts).kernel)
+    assert chosen == set(Kernel)
+
+
+def test_the_policy_reads_no_environment(monkeypatch):
+    for name in ("ANYFP4_PREFILL", "ANYFP4_ACT_PACK", "ANYFP4_FP8_PREFILL", "ANYFP4_KERNELS"):
+        monkeypatch.setenv(name, "not-a-choice")
+    assert choose_kernel("nvfp4", 100, 90, mma_enabled=True).kernel is Kernel.DEQUANTIZE_CUBLAS
+    assert choose_kernel("fp8", 40, None, has_input_scale=True).kernel is Kernel.CPU
+
+
+def test_rows_decide_between_decode_and_prefill_at_the_decode_row_limit():
+    from anyfp4.dispatch.limits import DECODE_ROWS
+
+    for fmt in ("nvfp4", "fp8"):
+        assert choose_kernel(fmt, DECODE_ROWS, 90, mma_enabled=True).kernel is Kernel.CUDA_MMA
+        assert choose_kernel(fmt, DECODE_ROWS + 1, 90, mma_enabled=True).kernel is Kernel.DEQUANTIZE_CUBLAS
+
+
+def test_act_pack_auto_table():
+    assert [m for m in range(1, 33) if act_pack_auto(75, m)] == list(range(7, 33))
+    assert [m for m in range(1, 33) if act_pack_auto(70, m)] == list(range(8, 33))
+    assert not any(act_pack_auto(sm, m) for sm in (80, 86, 89, 90) for m in range(1, 33))
+
+
+def test_an_unknown_format_is_an_error():
+    with pytest.raises(ValueError, match="unknown weight format 'int4'"):
+        choose_kernel("int4", 1, 90)
