@@ -32,10 +32,10 @@ check)
         2>&1 | tail -5 | tee "$OUT/pytest.txt"
     ;;
 kernels)
-    timeout 300 python3 benchmarks/nvfp4_linear.py --skip-correctness --ms 1 2 4 8 16 32 64 256 1024 4096 \
+    timeout 300 python3 benchmarks/kernels/nvfp4_linear.py --skip-correctness --ms 1 2 4 8 16 32 64 256 1024 4096 \
         --out "$OUT/nvfp4_linear.json" > "$OUT/nvfp4_linear.log" 2>&1
     grep -E "M=(1|8|16|32|1024) |gated|correct" "$OUT/nvfp4_linear.log" | head -70
-    timeout 240 python3 benchmarks/fp8_linear.py --ms 1 2 4 8 16 32 1024 4096 --out "$OUT/fp8_linear.json" \
+    timeout 240 python3 benchmarks/kernels/fp8_linear.py --ms 1 2 4 8 16 32 1024 4096 --out "$OUT/fp8_linear.json" \
         > "$OUT/fp8_linear.log" 2>&1; grep -E "M=(1|8|16|32|1024) |check" "$OUT/fp8_linear.log" | head -50
     ;;
 bench)
@@ -51,9 +51,9 @@ sweep)
 runner)
     timeout 100 python3 benchmarks/probes/step_profile.py --out "$OUT/step_profile.json" > "$OUT/step_profile.log" 2>&1
     grep -A6 "==" "$OUT/step_profile.log"
-    timeout 300 python3 benchmarks/e2e_runner.py --out "$OUT/e2e_runner.json" > "$OUT/e2e_runner.log" 2>&1
+    timeout 300 python3 benchmarks/runners/e2e_runner.py --out "$OUT/e2e_runner.json" > "$OUT/e2e_runner.log" 2>&1
     tail -8 "$OUT/e2e_runner.log"
-    timeout 150 python3 benchmarks/speculative_runner.py --out "$OUT/speculative.json" > "$OUT/speculative.log" 2>&1
+    timeout 150 python3 benchmarks/runners/speculative_runner.py --out "$OUT/speculative.json" > "$OUT/speculative.log" 2>&1
     tail -4 "$OUT/speculative.log"
     ;;
 tp)
@@ -63,7 +63,7 @@ tp)
     bench bench_llama8b_nvfp4_tp1 --format nvfp4
     bench bench_llama8b_nvfp4_tp2 --format nvfp4 --tp 2
     ANYFP4_TP_LM_HEAD=vocab bench bench_llama8b_nvfp4_tp2_vocab_head --format nvfp4 --tp 2
-    ANYFP4_PREFILL=chunked timeout 240 python3 benchmarks/tp_runner.py --out "$OUT/tp_agreement.json" \
+    ANYFP4_PREFILL=chunked timeout 240 python3 benchmarks/runners/tp_runner.py --out "$OUT/tp_agreement.json" \
         > "$OUT/tp_runner.log" 2>&1  # chunked prefill: two GPUs should give one GPU's SHA-256
     tail -3 "$OUT/tp_runner.log"
     ;;

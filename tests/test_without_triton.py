@@ -24,7 +24,7 @@ RUN = textwrap.dedent("""
     import anyfp4.ops  # noqa: F401
     from anyfp4.runtime.generate import SamplingParams, generate
     from anyfp4.runtime.loader import load_model
-    from anyfp4.parallel.tensor_parallel import generate_tp
+    from anyfp4.parallel.model import generate_tp
     from anyfp4.formats.fp8 import quantize_fp8
     from anyfp4.packing.fp8 import prepack_fp8
 

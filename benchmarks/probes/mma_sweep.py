@@ -1,13 +1,19 @@
 """The CUDA (NVRTC) tensor-core decode kernel on a GPU: correctness against the reference for every
 config family, then a launch-config sweep against the production op and bf16 cuBLAS in one run.
 
-    python benchmarks/probes/mma_sweep.py --out mma_sweep.json [--quick] [--formats nvfp4 fp8] [--skip-check]
-    python benchmarks/probes/mma_sweep.py --skip-check --shapes 6144x4096 3072x4096 --gated 7168x4096 --ms 1 2 4 8
+    PYTHONPATH=src python benchmarks/probes/mma_sweep.py --out mma_sweep.json [--quick] [--formats nvfp4 fp8] \
+        [--skip-check]
+    PYTHONPATH=src python benchmarks/probes/mma_sweep.py --skip-check --shapes 6144x4096 3072x4096 \
+        --gated 7168x4096 --ms 1 2 4 8
 
 The best config per (format, shape, M) is what `dispatch/tuning.py`'s MMA_LAUNCH_TABLE holds; the output file
 also works as it is as an extra table (``ANYFP4_MMA_TABLE=mma_sweep.json``) on GPUs of the same kind. M > 1 is
 swept with the split-K of M = 1 (this run's best, or the table's when M = 1 is not swept), the only split the op
 runs it with.
+
+2026-11-29, H200 (results/nvfp4_mma_sweep_h200.json, fp8_mma_sweep_h200.json, nvfp4_mma_sweep_tiled_h200.json,
+nvfp4_mma_sweep_llama8b_tp_shapes_h200.json): the sm_90 launch table's entries; NVFP4 28672x8192 at M = 1 in
+43.7 us (73% of copy, 2.53x bf16). Run again for a new kernel or GPU.
 """
 
 from __future__ import annotations
@@ -15,29 +21,22 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fp8_linear import random_fp8  # noqa: E402
-from nvfp4_linear import ROTATE_BYTES, SHAPES, graph_time, random_nvfp4  # noqa: E402
-
-from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4  # noqa: E402
-from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated  # noqa: E402
-from anyfp4.dispatch.configs import MMAConfig  # noqa: E402
-from anyfp4.dispatch.tuning import mma_heuristic_config as heuristic_config  # noqa: E402
-from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, n_tiles_for, nvfp4_mma_gemm  # noqa: E402
-from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
-from anyfp4.dispatch.tuning import mma_config  # noqa: E402
-from anyfp4.bench.model import copy_bandwidth  # noqa: E402
-from anyfp4.ops.nvfp4 import nvfp4_prepacked_linear as nvfp4_op  # noqa: E402
-
-import anyfp4.ops  # noqa: E402,F401
+from anyfp4.bench.random_weights import random_fp8, random_nvfp4
+from anyfp4.bench.shapes import SHAPES
+from anyfp4.bench.timing import ROTATE_BYTES, copy_bandwidth, graph_seconds
+from anyfp4.dispatch.configs import MMAConfig
+from anyfp4.dispatch.tuning import mma_config
+from anyfp4.dispatch.tuning import mma_heuristic_config as heuristic_config
+from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
+from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, n_tiles_for, nvfp4_mma_gemm
+from anyfp4.ops.nvfp4 import nvfp4_prepacked_linear as nvfp4_op
+from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
+from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
 
 
 def rel_err(y, ref):
@@ -152,21 +151,21 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
         m1_split = None
         for m in sorted(ms):
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wb[i % bcopies]))
-            t_op = graph_time(lambda i: op(x, ws[i % copies]))
+            t_bf16 = graph_seconds(lambda i: torch.nn.functional.linear(x, wb[i % bcopies]))
+            t_op = graph_seconds(lambda i: op(x, ws[i % copies]))
             best = None
             rows = []
             split = 0 if m == 1 else m1_split or table_split(device, fmt, False, n, k, k_pad)
             for cfg in configs_for(m, False, k_pad, step, split):
                 try:
-                    t = graph_time(lambda i: kernel(x, ws[i % copies], None, cfg))
+                    t = graph_seconds(lambda i: kernel(x, ws[i % copies], None, cfg))
                 except ValueError:
                     continue
                 rows.append({"cfg": cfg.__dict__, "us": t * 1e6})
                 if best is None or t < best[0]:
                     best = (t, cfg)
             h = heuristic_config(n, k_pad, m, sms, False, fmt)
-            t_h = graph_time(lambda i: kernel(x, ws[i % copies], None, h))
+            t_h = graph_seconds(lambda i: kernel(x, ws[i % copies], None, h))
             bytes_ = n * k * bpw + m * k * 2 + m * n * 2
             entry = {"format": fmt, "n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6, "op_us": t_op * 1e6,
                      "best_us": best[0] * 1e6, "best_cfg": best[1].__dict__, "heuristic_us": t_h * 1e6,
@@ -178,7 +177,7 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
             Path(report["out"]).write_text(json.dumps(report, indent=1))
             print(f"{fmt} {n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} op {t_op*1e6:.1f} mma best {best[0]*1e6:.1f} "
                   f"{best[1]} heur {t_h*1e6:.1f} -> {t_bf16/best[0]:.2f}x ({bytes_/best[0]/1e9:.0f} GB/s)", flush=True)
-        del ws, wb
+        ws = wb = None  # this shape's weights freed before the next one's are made
         torch.cuda.empty_cache()
     for n, k in gated_shapes:  # gate and up, each n x k
         copies = max(2, int(ROTATE_BYTES // (2 * n * k * bpw)))
@@ -194,11 +193,11 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
         m1_split = None
         for m in sorted(ms):
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wb[i % 4]))
+            t_bf16 = graph_seconds(lambda i: torch.nn.functional.linear(x, wb[i % 4]))
             best = None
             split = 0 if m == 1 else m1_split or table_split(device, fmt, True, n, k, k_pad)
             for cfg in configs_for(m, True, k_pad, step, split):
-                t = graph_time(lambda i: kernel(x, gws[i % copies], None, cfg))
+                t = graph_seconds(lambda i: kernel(x, gws[i % copies], None, cfg))
                 if best is None or t < best[0]:
                     best = (t, cfg)
             if m == 1:
@@ -207,7 +206,7 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
                                     "best_us": best[0] * 1e6, "best_cfg": best[1].__dict__,
                                     "speedup": t_bf16 / best[0]})
             print(f"{fmt} gated 2x{n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} mma {best[0]*1e6:.1f} {best[1]}", flush=True)
-        del gws, wb
+        gws = wb = None
         torch.cuda.empty_cache()
 
 

@@ -47,7 +47,7 @@ def no_weights_read(monkeypatch):
 
     monkeypatch.setattr("anyfp4.runtime.loader.build_model", refuse)
     monkeypatch.setattr("anyfp4.bench.random_model.build_model", refuse)
-    monkeypatch.setattr("anyfp4.parallel.tensor_parallel.spawn_ranks", refuse)
+    monkeypatch.setattr("anyfp4.parallel.ranks.spawn_ranks", refuse)
     monkeypatch.setattr("anyfp4.demo.smollm2_quantized", refuse)
 
 

@@ -283,3 +283,12 @@ def random_fp8(n, k, gen, per_channel, device):
     raw = torch.where((raw & 0x7F) == 0x7F, raw & 0xF0, raw)  # no NaN bytes
     scale = torch.rand(n if per_channel else (), generator=gen) * 1e-2 + 1e-4
     return FP8Weight(raw.view(torch.float8_e4m3fn).to(device), scale.to(device))
+
+
+def free_port() -> int:
+    """A free local TCP port: the rendezvous of a test's tensor-parallel ranks."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -9,6 +9,7 @@ import torch
 
 from ..nn.linear import DenseLinear, FP8Linear, NVFP4Linear
 from ..runtime.model import Transformer
+from .timing import graph_seconds, sync
 
 
 def weight_bytes_per_token(model: Transformer) -> int:
@@ -24,30 +25,6 @@ def weight_bytes_per_token(model: Transformer) -> int:
         elif isinstance(m, DenseLinear):
             total += m.weight.numel() * m.weight.element_size()
     return total
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def copy_bandwidth(device: torch.device, gib: int = 1, repeats: int = 7) -> float | None:
-    """Read + write bytes per second of a ``gib`` GiB device-to-device copy (median); None on the CPU."""
-    if device.type != "cuda":
-        return None
-    src = torch.empty(gib * 1024**3 // 2, dtype=torch.bfloat16, device=device).uniform_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(repeats):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        dst.copy_(src)
-        e.record()
-        torch.cuda.synchronize(device)
-        times.append(s.elapsed_time(e) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * gib * 1024**3 / sorted(times)[len(times) // 2]
 
 
 @torch.no_grad()
@@ -77,14 +54,14 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
         step_fn(tok[:, None], torch.tensor([8 + i], device=device))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     logits = model(prompt, torch.arange(prompt_len, device=device))
-    _sync(device)
+    sync(device)
     t_prefill = time.perf_counter() - t0
     tokens = []
     nxt = logits[:, -1].argmax(-1)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for step in range(gen_len):
         tokens.append(nxt)
@@ -92,7 +69,7 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
             break
         logits = step_fn(nxt[:, None], torch.tensor([prompt_len + step], device=device))
         nxt = logits[:, -1].argmax(-1)
-    _sync(device)
+    sync(device)
     t_decode = time.perf_counter() - t0
     steps = max(gen_len - 1, 1)
     out = torch.stack(tokens, dim=1).tolist()
@@ -117,10 +94,10 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
 
         params = SamplingParams(max_new_tokens=gen_len)
         generate_speculative(model, prompt[0, :8].tolist(), SamplingParams(max_new_tokens=4), speculate, draft_model)
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         spec_tokens, stats = generate_speculative(model, prompt[0].tolist(), params, speculate, draft_model)
-        _sync(device)
+        sync(device)
         t_spec = max(time.perf_counter() - t0 - t_prefill, 1e-9)  # minus the prefill measured above
         result["speculative"] = {
             "draft_tokens": speculate, "drafter": "draft model" if draft_model is not None else "prompt lookup",
@@ -131,3 +108,18 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
             "same_text": spec_tokens == out[0],
         }
     return result
+
+
+@torch.no_grad()
+def verify_pass_ms(model: Transformer, ms=range(1, 9), prefix: int = 512, reps: int = 20) -> dict[int, float]:
+    """Median ms of one forward of M tokens at position ``prefix`` (a speculative verify pass) for each M in
+    ``ms``, replayed in a CUDA graph: what speculative decoding pays per step (CUDA only)."""
+    device = model.device
+    model.setup_caches(1, prefix + 16)
+    model(torch.randint(0, 1000, (1, prefix), device=device), torch.arange(prefix, device=device))
+    out = {}
+    for m in ms:
+        tok = torch.randint(0, 1000, (1, m), device=device)
+        pos = torch.arange(prefix, prefix + m, device=device)
+        out[m] = 1e3 * graph_seconds(lambda i: model(tok, pos), reps=1, trials=reps)
+    return out

@@ -1,19 +1,22 @@
 """Models of real shape with random weights, made directly on the device: speed work without downloads.
 
-Random but valid: NVFP4 codes uniform over all 16 values with positive normal block scales and
-one global scale per fused group; FP8 bytes over the finite range with per-tensor scales (and a
-static activation scale, as W8A8 checkpoints carry); float weights Gaussian. Never zeros (a kernel
-must not be timed on zeros).
+Random but valid (``random_weights``): NVFP4 codes uniform over all 16 values with positive normal block
+scales (bytes 0x28..0x4F, 0.25 .. 7.5) and one global scale per fused group; FP8 bytes over the finite range
+with per-tensor scales (and a static activation scale, as W8A8 checkpoints carry); float weights Gaussian.
+Never zeros (a kernel must not be timed on zeros).
+
+On the command line and in reports such a model is named ``random:ARCH:FORMAT`` (``RandomSpec``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..formats.fp8 import FP8Weight
-from ..formats.nvfp4 import NVFP4Weight
 from ..runtime.config import ModelArgs
 from ..runtime.loader import WeightSource, build_model
+from .random_weights import random_bf16, random_fp8, random_nvfp4
 
 ARCHS = {
     "llama-3.1-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
@@ -30,6 +33,8 @@ FORMATS = ("nvfp4", "fp8", "mixed", "bf16")
 
 
 QUANTIZED_HEAD = "+lm_head"  # format suffix: the lm_head quantized too (NVFP4 for mixed)
+MODEL_NVFP4_SCALE_BYTES = (0x28, 0x50)  # block scales 0.25 .. 7.5: with the global 2e-3, weights up to 0.09
+SPEC_PREFIX = "random:"
 
 
 def check_random_format(fmt: str, tied: bool) -> str:
@@ -50,6 +55,36 @@ def random_args(arch: str, fmt: str) -> ModelArgs:
     args = ModelArgs(**ARCHS[arch])
     check_random_format(fmt, args.tie_word_embeddings)
     return args
+
+
+@dataclass(frozen=True)
+class RandomSpec:
+    """A random-weight model by name: ``random:ARCH:FORMAT``, FORMAT one of ``FORMATS``, optionally with
+    ``+lm_head`` (e.g. ``random:llama-3.1-8b:nvfp4+lm_head``); ``str()`` writes it back."""
+
+    arch: str
+    fmt: str
+
+    @classmethod
+    def parse(cls, text: str) -> "RandomSpec | None":
+        """The random model ``text`` names, or None when it names none (a checkpoint directory); a ValueError
+        for ``random:`` without an architecture and a format."""
+        if not text.startswith(SPEC_PREFIX):
+            return None
+        arch, colon, fmt = text[len(SPEC_PREFIX):].partition(":")
+        if not colon:
+            raise ValueError(f"{text!r}: a random-weight model is named {SPEC_PREFIX}ARCH:FORMAT")
+        return cls(arch, fmt)
+
+    def __str__(self) -> str:
+        return f"{SPEC_PREFIX}{self.arch}:{self.fmt}"
+
+    def args(self) -> ModelArgs:
+        """The model's shape, architecture and format checked: a ValueError before any weights are made."""
+        return random_args(self.arch, self.fmt)
+
+    def model(self, device, dtype, progress: bool = True, rank: int = 0, tp: int = 1):
+        return random_model(self.arch, self.fmt, device, dtype, progress=progress, rank=rank, tp=tp)
 
 
 class RandomSource(WeightSource):
@@ -74,19 +109,13 @@ class RandomSource(WeightSource):
     def linear(self, name, out_features, in_features):
         fmt, d, g = self._format_of(name), self.device, self.gen
         if fmt == "nvfp4":
-            packed = torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8, device=d, generator=g)
-            scales = torch.randint(0x28, 0x50, (out_features, in_features // 16), dtype=torch.uint8, device=d,
-                                   generator=g)
             # one global scale for every projection: fused groups (q/k/v, gate/up) share it
-            return NVFP4Weight(packed, scales.view(torch.float8_e4m3fn), torch.tensor(2e-3, device=d)), None
+            return random_nvfp4(out_features, in_features, d, g, scale_bytes=MODEL_NVFP4_SCALE_BYTES,
+                                global_scale=2e-3), None
         if fmt == "fp8":
-            raw = torch.randint(0, 0x7E, (out_features, in_features), dtype=torch.uint8, device=d, generator=g)
-            sign = torch.randint(0, 2, raw.shape, dtype=torch.uint8, device=d, generator=g) << 7
             # a static activation scale as a W8A8 checkpoint carries one (|x| up to 448 * 0.05 = 22.4)
-            return FP8Weight((raw | sign).view(torch.float8_e4m3fn), torch.tensor(1e-4, device=d),
-                             torch.tensor(0.05, device=d)), None
-        w = torch.randn(out_features, in_features, device=d, generator=g) * in_features**-0.5
-        return w.to(torch.bfloat16), None
+            return random_fp8(out_features, in_features, d, g, scale=1e-4, input_scale=0.05), None
+        return random_bf16(out_features, in_features, d, g, std=in_features**-0.5), None
 
     def tensor(self, name, shape, device, dtype):
         if name.endswith("norm.weight"):
@@ -104,7 +133,7 @@ def random_model(arch: str, fmt: str, device, dtype, seed: int = 0, progress: bo
     args = random_args(arch, fmt)
     src = RandomSource(fmt, device, seed, tied=args.tie_word_embeddings)
     if tp > 1:
-        from ..parallel.tensor_parallel import build_model_tp
+        from ..parallel.model import build_model_tp
 
         return build_model_tp(args, src, device, dtype, rank, tp, progress)
     with torch.no_grad():

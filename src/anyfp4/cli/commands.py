@@ -174,7 +174,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _generate_tp(args: argparse.Namespace, session, prompts: list[list[int]], params, device) -> int:
     from dataclasses import replace
 
-    from ..parallel.tensor_parallel import generate_tp
+    from ..parallel.model import generate_tp
     from ..runtime.session import pick_dtype
 
     dtype = str(pick_dtype(args.dtype, device)).replace("torch.", "")
@@ -201,15 +201,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_bench_spec(spec: str, args: argparse.Namespace) -> None:
-    """A model ``bench`` would run, checked from its config or its random architecture: no weights."""
+def _check_bench_spec(spec, args: argparse.Namespace) -> None:
+    """A model ``bench`` would run (a ``RandomSpec`` or a checkpoint directory), checked from its random
+    architecture or its config: no weights."""
+    from ..bench.random_model import RandomSpec
     from ..runtime.generate import check_context
 
-    if spec.startswith("random:"):
-        from ..bench.random_model import random_args
-
-        _, arch, fmt = spec.split(":")
-        model_args = random_args(arch, fmt)
+    if isinstance(spec, RandomSpec):
+        model_args = spec.args()
     else:
         from ..checkpoint.reader import CheckpointReader
         from ..runtime.config import ModelArgs
@@ -220,22 +219,29 @@ def _check_bench_spec(spec: str, args: argparse.Namespace) -> None:
     _check_draft_model(args.speculate, model_args.vocab_size)
 
 
-def _bench_one(spec: str, args: argparse.Namespace, device, dtype) -> dict:
-    from ..bench.model import bench_model
-    from ..runtime.loader import load_model
-    from ..bench.random_model import random_model
+def _bench_spec(model: str):
+    """A model argument of ``bench``: a checkpoint directory, or a random-weight model by name."""
+    from ..bench.random_model import RandomSpec
 
-    if spec.startswith("random:"):
-        _, arch, fmt = spec.split(":")
-        model = random_model(arch, fmt, device, dtype, progress=not args.json)
+    return RandomSpec.parse(model) or model
+
+
+def _bench_one(spec, args: argparse.Namespace, device, dtype) -> dict:
+    from ..bench.model import bench_model
+    from ..bench.random_model import RandomSpec
+    from ..runtime.loader import load_model
+
+    if isinstance(spec, RandomSpec):
+        model = spec.model(device, dtype, progress=not args.json)
     else:
         model, _ = load_model(spec, device, dtype, progress=not args.json)
     draft = None
     if args.speculate and args.speculate != "ngram":
         draft, _ = load_model(args.speculate, device, dtype, progress=False)
-    result = {"model": spec, **bench_model(model, args.prompt_len, args.gen_len, args.batch,
-                                           compile_decode=args.compile,
-                                           speculate=args.draft_tokens if args.speculate else 0, draft_model=draft)}
+    result = {"model": str(spec), **bench_model(model, args.prompt_len, args.gen_len, args.batch,
+                                                compile_decode=args.compile,
+                                                speculate=args.draft_tokens if args.speculate else 0,
+                                                draft_model=draft)}
     del model
     if device.type == "cuda":
         import torch
@@ -245,7 +251,8 @@ def _bench_one(spec: str, args: argparse.Namespace, device, dtype) -> dict:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ..bench.model import copy_bandwidth
+    from ..bench.random_model import QUANTIZED_HEAD, RandomSpec
+    from ..bench.timing import copy_bandwidth
     from ..runtime.session import pick_device, pick_dtype
 
     if (args.model is None) == (args.random_weights is None):
@@ -257,12 +264,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.speculate and args.batch != 1:
         raise InputError("--speculate runs batch 1")
     _check_draft_tokens(args)
-    head = "+lm_head" if args.quantized_lm_head else ""
-    specs = [args.model or f"random:{args.random_weights}:{args.format}{head}"]
+    head = QUANTIZED_HEAD if args.quantized_lm_head else ""
+    specs = [_bench_spec(args.model) if args.model else RandomSpec(args.random_weights, args.format + head)]
     if args.compare:
         # with --random-weights, --compare names a second format (e.g. bf16) unless it is a directory
         other_format = args.random_weights and not Path(args.compare).is_dir()
-        specs.append(f"random:{args.random_weights}:{args.compare}" if other_format else args.compare)
+        specs.append(RandomSpec(args.random_weights, args.compare) if other_format else _bench_spec(args.compare))
     for spec in specs:
         _check_bench_spec(spec, args)
     device = _threads_for(pick_device(args.device))

@@ -404,7 +404,7 @@ def test_two_ranks_shares_add_up_to_one_gpus_bits(fmt, dtype):
     layer's split give its bits; the two halves of K (row-parallel), each with half the split and summed in
     float32 before the scale, give the full layer's bits too (the even split adds its halves separately)."""
     from anyfp4.dispatch.tuning import mma_config
-    from anyfp4.parallel.tensor_parallel import _cols, _rows
+    from anyfp4.parallel.sharding import shard_cols, shard_rows
 
     gen = torch.Generator(device="cuda").manual_seed(16)
     n, k = 4096, 4096
@@ -425,7 +425,7 @@ def test_two_ranks_shares_add_up_to_one_gpus_bits(fmt, dtype):
     p = pack(w)
     split = mma_config(*device_arch(torch.cuda.current_device()), fmt, False, n, k, k, 1).split_k
     split += split % 2  # an even split (the launch table's for this shape on the H200)
-    top, left, right = pack(_rows(w, 0, n // 2)), pack(_cols(w, 0, k // 2)), pack(_cols(w, k // 2, k))
+    top, left, right = pack(shard_rows(w, 0, n // 2)), pack(shard_cols(w, 0, k // 2)), pack(shard_cols(w, k // 2, k))
     for m in (1, 5, 32):
         x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
         y = call(x, p, split)

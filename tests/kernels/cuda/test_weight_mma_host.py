@@ -44,7 +44,7 @@ def test_two_halves_of_k_add_up_to_the_whole_layers_bits(fmt):
     """Tensor parallelism's row-parallel exactness, from the source: the float32 sums of K's two halves, each
     with half the split, added, are the whole layer's float32 sums bit for bit; a column-parallel half of the
     rows has the whole layer's bits."""
-    from anyfp4.parallel.tensor_parallel import _cols, _rows
+    from anyfp4.parallel.sharding import shard_cols, shard_rows
 
     gen = torch.Generator().manual_seed(22)
     n, k, split = 256, 1024, 4
@@ -52,8 +52,8 @@ def test_two_halves_of_k_add_up_to_the_whole_layers_bits(fmt):
          else quantize_fp8(torch.randn(n, k, generator=gen), per_channel=True))
     pack = prepack_nvfp4 if fmt == "nvfp4" else prepack_fp8
     run = host_cuda.gemm(fmt)
-    full, top = pack(w), pack(_rows(w, 0, n // 2))
-    left, right = pack(_cols(w, 0, k // 2)), pack(_cols(w, k // 2, k))
+    full, top = pack(w), pack(shard_rows(w, 0, n // 2))
+    left, right = pack(shard_cols(w, 0, k // 2)), pack(shard_cols(w, k // 2, k))
     for m in (1, 5):
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
         whole = run(x, full, None, MMAConfig(split_k=split), out_dtype=torch.float32)

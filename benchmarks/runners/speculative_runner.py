@@ -8,7 +8,7 @@ drafting, acceptance length, the SHA-256 of both texts, and the verify-pass time
 - ``--checkpoint DIR``: a real checkpoint (e.g. SmolLM2-135M-Instruct NVFP4) on a summarization prompt
   in its chat template, k = 1..7: acceptance and speed-up on real text.
 
-    python benchmarks/speculative_runner.py --out spec.json [--checkpoint DIR] [--skip-random]
+    PYTHONPATH=src python benchmarks/runners/speculative_runner.py --out spec.json [--checkpoint DIR] [--skip-random]
 """
 
 from __future__ import annotations
@@ -17,19 +17,14 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from e2e_runner import verify_costs  # noqa: E402
-
-from anyfp4.runtime.generate import SamplingParams, forget_decode_graphs, generate  # noqa: E402
-from anyfp4.runtime.speculative import generate_speculative  # noqa: E402
+from anyfp4.bench.model import verify_pass_ms
+from anyfp4.runtime.generate import SamplingParams, forget_decode_graphs, generate
+from anyfp4.runtime.speculative import generate_speculative
 
 PASSAGE = (
     "The city council met on Tuesday evening to discuss the future of the old railway station. The station "
@@ -94,7 +89,7 @@ def random_weight_runs(arch: str, gen_len: int, report: dict, save) -> None:
         name = "default" if kernels == "auto" else f"triton_pack{pack}"
         print(f"{arch} nvfp4, kernels {name}:", flush=True)
         r = compare_on_prompt(model, prompt, params, ks)
-        r["verify_ms"] = verify_costs(model)
+        r["verify_ms"] = verify_pass_ms(model)
         v = r["verify_ms"]
         print("  verify ms per M: " + " ".join(f"{m}:{t:.3f}({t / v[1]:.2f}x)" for m, t in v.items()), flush=True)
         report["random"][name] = r
@@ -122,7 +117,7 @@ def checkpoint_runs(path: str, gen_len: int, report: dict, save) -> None:
     plain = generate(model, [list(prompt)], params)[0]
     r["text"] = tok.decode(plain, skip_special_tokens=True)
     if model.device.type == "cuda":
-        r["verify_ms"] = verify_costs(model)
+        r["verify_ms"] = verify_pass_ms(model)
     report["checkpoint"] = {"path": path, "dtype": str(model.dtype), **r}
     save()
 

@@ -4,7 +4,7 @@ top-1 agreement). With two ranks the decode steps compute one GPU's bits; with `
 the prompt too (cuBLAS picks its prefill kernels by shape), so the texts are equal. Speed comes from
 ``anyfp4 bench --tp N``.
 
-    python benchmarks/tp_runner.py --out tp.json [--tp 2] [--formats nvfp4 fp8 mixed]
+    PYTHONPATH=src python benchmarks/runners/tp_runner.py --out tp.json [--tp 2] [--formats nvfp4 fp8 mixed]
 """
 
 from __future__ import annotations
@@ -12,17 +12,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from anyfp4.runtime.generate import SamplingParams, decode_step, generate  # noqa: E402
-from anyfp4.bench.random_model import random_model  # noqa: E402
-
+from anyfp4.bench.random_model import random_model
+from anyfp4.parallel.ranks import rank_device, run_on_ranks
+from anyfp4.runtime.generate import SamplingParams, decode_step, generate
 
 
 @torch.no_grad()
@@ -44,29 +40,16 @@ def run(model, prompt: list[int], gen_len: int, forced: list[int] | None):
     return new, teacher_forced_logits(model, ids, len(prompt))
 
 
-def _device(kind: str, rank: int) -> torch.device:
-    return torch.device("cuda", rank) if kind == "cuda" else torch.device("cpu")
-
-
-def rank_worker(rank, tp, kind, arch, fmt, prompt, gen_len, forced, port, result_file):
-    from anyfp4.parallel.tensor_parallel import init_process_group, run_rank
-
-    init_process_group(rank, tp, kind, port)
-
-    def work():
-        dtype = torch.bfloat16 if kind == "cuda" else torch.float32
-        model = random_model(arch, fmt, _device(kind, rank), dtype, progress=False, rank=rank, tp=tp)
-        new, logits = run(model, prompt, gen_len, forced)
-        if rank == 0:
-            torch.save({"tokens": new, "logits": logits}, result_file)
-        return model
-
-    run_rank(work)
+def tp_rank(rank, tp, device, arch, fmt, prompt, gen_len, forced):
+    """One rank of TP N: its shard of the same random weights, generation, and logits teacher-forced on TP1's
+    tokens."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = random_model(arch, fmt, device, dtype, progress=False, rank=rank, tp=tp)
+    new, logits = run(model, prompt, gen_len, forced)
+    return model, {"tokens": new, "logits": logits}
 
 
 def main():
-    import torch.multiprocessing as mp
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tp.json")
     ap.add_argument("--arch", default="llama-3.1-8b")
@@ -84,16 +67,12 @@ def main():
     sha = lambda t: hashlib.sha256(repr([t]).encode()).hexdigest()  # noqa: E731  (bench's convention)
     for fmt in args.formats:
         prompt = torch.randint(0, 49152, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
-        model = random_model(args.arch, fmt, _device(kind, 0), dtype, progress=False)
+        model = random_model(args.arch, fmt, rank_device(kind, 0), dtype, progress=False)
         one_tokens, one_logits = run(model, prompt, args.gen_len, None)
         del model
         if kind == "cuda":
             torch.cuda.empty_cache()
-        with tempfile.TemporaryDirectory() as tmp:
-            result = str(Path(tmp) / "rank0.pt")
-            mp.spawn(rank_worker, args=(args.tp, kind, args.arch, fmt, prompt, args.gen_len, one_tokens, args.port, result),
-                     nprocs=args.tp, join=True)
-            tp = torch.load(result)
+        tp = run_on_ranks(tp_rank, (args.arch, fmt, prompt, args.gen_len, one_tokens), args.tp, kind, args.port)
         diff = (tp["logits"] - one_logits).abs()
         r = {"format": fmt, "tp1_sha256": sha(one_tokens), "tpN_sha256": sha(tp["tokens"]),
              "same_text": tp["tokens"] == one_tokens,

@@ -1,6 +1,6 @@
 """NVFP4 linear on a CUDA GPU: correctness against the reference, a launch-config sweep, and timings.
 
-    python benchmarks/nvfp4_linear.py --out results.json [--tune] [--quick]
+    PYTHONPATH=src python benchmarks/kernels/nvfp4_linear.py --out results.json [--tune] [--quick]
 
 The NVFP4 column times the production op (``torch.ops.anyfp4.*``, its own M dispatch); with
 ``--tune`` the decode kernel's launch configs are swept per shape and M as well; above M = 32 the fused
@@ -16,62 +16,21 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4  # noqa: E402
-from anyfp4.dispatch.configs import DecodeConfig, FusedConfig  # noqa: E402
-from anyfp4.kernels.triton.nvfp4_decode import nvfp4_decode_gemm, nvfp4_fused_gemm  # noqa: E402
-from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm  # noqa: E402
-from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated  # noqa: E402
-from anyfp4.dispatch.tuning import heuristic_config  # noqa: E402
-from anyfp4.bench.model import copy_bandwidth  # noqa: E402
-from anyfp4.ops.nvfp4 import nvfp4_prepacked_linear as nvfp4_op  # noqa: E402
-
-SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (3584, 5120), (8704, 5120), (5120, 1536), (5120, 4352),
-          (62080, 5120), (28672, 8192)]
-DECODE_M = [1, 2, 4, 8, 16, 32]
-PREFILL_M = [64, 256, 1024, 4096]
-ROTATE_BYTES = 512 * 1024**2
-
-
-def random_nvfp4(n: int, k: int, device) -> NVFP4Weight:
-    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
-    # block scales: E4M3 bytes of positive normal values in a realistic range (0.5 .. 448)
-    scale_bytes = torch.randint(0x30, 0x7E, (n, k // 16), dtype=torch.uint8, device=device)
-    return NVFP4Weight(packed, scale_bytes.view(torch.float8_e4m3fn), torch.tensor(1e-3, device=device))
-
-
-def graph_time(calls, reps: int = 20, trials: int = 7) -> float:
-    """Median seconds per call: capture ``reps`` rotated calls in one CUDA graph, time replays."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(3):
-            calls(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(reps):
-            calls(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(trials):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1e3 / reps)
-    del graph
-    return statistics.median(times)
+from anyfp4.bench.random_weights import random_bf16, random_nvfp4
+from anyfp4.bench.shapes import DECODE_M, PREFILL_M, SHAPES
+from anyfp4.bench.timing import ROTATE_BYTES, copy_bandwidth, graph_seconds
+from anyfp4.dispatch.configs import DecodeConfig, FusedConfig
+from anyfp4.dispatch.tuning import heuristic_config
+from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
+from anyfp4.kernels.triton.nvfp4_decode import nvfp4_decode_gemm, nvfp4_fused_gemm
+from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequantize, nvfp4_prefill_gemm
+from anyfp4.ops.nvfp4 import nvfp4_prepacked_linear as nvfp4_op
+from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -185,32 +144,32 @@ def bench_shapes(device, report: dict, tune: bool, quick: bool, ms: list[int]) -
         copies = max(2, int(ROTATE_BYTES // nbytes_w) + 1)
         ws = [prepack_nvfp4(random_nvfp4(n, k, device)) for _ in range(copies)]
         bf_copies = max(2, int(ROTATE_BYTES // (n * k * 2)) + 1)
-        wbf = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(bf_copies)]
+        wbf = [random_bf16(n, k, device) for _ in range(bf_copies)]
         k_pad = ws[0].codes.shape[1] * 8
         for m in ms:
             x = torch.randn(m, k, device=device, dtype=dtype)
-            t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, wbf[i % bf_copies]))
+            t_bf16 = graph_seconds(lambda i: torch.nn.functional.linear(x, wbf[i % bf_copies]))
             entry = {"n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6}
-            t_op = graph_time(lambda i: nvfp4_op(x, ws[i % copies]), reps=20 if m <= 32 else 5)
+            t_op = graph_seconds(lambda i: nvfp4_op(x, ws[i % copies]), reps=20 if m <= 32 else 5)
             best_t = t_op
             entry.update(nvfp4_us=t_op * 1e6, path="gemv" if m == 1 else "decode" if m <= 32 else "dequant+cublas")
             if 2 <= m <= 32:
                 cfg = heuristic_config(n, k_pad, sms)
                 if tune:
-                    best_cfg, best_ct = cfg, graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, cfg))
+                    best_cfg, best_ct = cfg, graph_seconds(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, cfg))
                     for c in candidate_configs(k_pad):
-                        t = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, c), reps=10, trials=3)
+                        t = graph_seconds(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, c), reps=10, trials=3)
                         if t < best_ct:
                             best_cfg, best_ct = c, t
                     table[f"{k},{n},{m}"] = best_cfg.__dict__
                     cfg = best_cfg
-                t_pack = graph_time(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, cfg, act_pack=True))
+                t_pack = graph_seconds(lambda i: nvfp4_decode_gemm(x, ws[i % copies], None, cfg, act_pack=True))
                 entry.update(pack_us=t_pack * 1e6, config=cfg.__dict__)
             if m > 32:  # ANYFP4_PREFILL=fused: the decode kernel over row tiles, no dense copy of the weight
                 fused = {}
                 for fc in FUSED_CONFIGS:
                     try:
-                        fused[str(tuple(fc.__dict__.values()))] = graph_time(
+                        fused[str(tuple(fc.__dict__.values()))] = graph_seconds(
                             lambda i: nvfp4_fused_gemm(x, ws[i % copies], None, fc), reps=5) * 1e6
                     except Exception as e:  # a tile the GPU cannot hold (shared memory): not a candidate
                         fused[str(tuple(fc.__dict__.values()))] = f"{type(e).__name__}"
@@ -224,7 +183,7 @@ def bench_shapes(device, report: dict, tune: bool, quick: bool, ms: list[int]) -
                   + (f"  pack {entry['pack_us']:.2f}" if "pack_us" in entry else "")
                   + (f"  fused {entry['fused_us']:.2f} (x{t_bf16 * 1e6 / entry['fused_us']:.2f})"
                      if entry.get("fused_us") else ""), flush=True)
-        del ws, wbf
+        ws = wbf = None  # this shape's weights freed before the next one's are made
         torch.cuda.empty_cache()
         report["linear"], report["tuned_table"] = rows, table
         save(report)
@@ -242,7 +201,7 @@ def bench_gated(device, report: dict) -> None:
     for _ in range(copies):
         gate, up = random_nvfp4(n, k, device), random_nvfp4(n, k, device)
         ws.append(prepack_nvfp4_gated(gate, NVFP4Weight(up.packed, up.block_scale, gate.global_scale)))
-    wbf = [torch.randn(2 * n, k, device=device, dtype=dtype) * 0.02 for _ in range(3)]
+    wbf = [random_bf16(2 * n, k, device) for _ in range(3)]
     rows = []
     for m in (1, 8, 32):
         x = torch.randn(m, k, device=device, dtype=dtype)
@@ -251,8 +210,8 @@ def bench_gated(device, report: dict) -> None:
             y = torch.nn.functional.linear(x, wbf[i % 3])
             return torch.nn.functional.silu(y[:, :n]) * y[:, n:]
 
-        t_bf = graph_time(bf16)
-        t = graph_time(lambda i: nvfp4_op(x, ws[i % copies]))
+        t_bf = graph_seconds(bf16)
+        t = graph_seconds(lambda i: nvfp4_op(x, ws[i % copies]))
         rows.append({"m": m, "bf16_us": t_bf * 1e6, "nvfp4_us": t * 1e6, "speedup": t_bf / t})
         print(f"gated 2x{n}x{k} M={m}: bf16 {t_bf * 1e6:.2f} us  nvfp4 {t * 1e6:.2f} us  x{t_bf / t:.2f}", flush=True)
     report["gated"] = rows

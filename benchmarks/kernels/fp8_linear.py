@@ -1,6 +1,6 @@
 """FP8 weight-only linear on a CUDA GPU against bf16 F.linear and native torch._scaled_mm (W8A8).
 
-    python benchmarks/fp8_linear.py --out fp8_linear.json [--ms 1 2 4 8 16 32 1024]
+    PYTHONPATH=src python benchmarks/kernels/fp8_linear.py --out fp8_linear.json [--ms 1 2 4 8 16 32 1024]
 
 Same method and columns as nvfp4_linear.py: CUDA-graph medians over rotated weights, effective
 GB/s (weight + activation + output bytes), % of the copy bandwidth measured in the same run,
@@ -14,33 +14,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from nvfp4_linear import PREFILL_M, SHAPES, graph_time  # noqa: E402
-
-from anyfp4.formats.fp8 import FP8Weight, dequantize_fp8  # noqa: E402
-from anyfp4.packing.fp8 import prepack_fp8  # noqa: E402
-from anyfp4.bench.model import copy_bandwidth  # noqa: E402
-
-DECODE_M = [1, 2, 4, 8, 16, 32]
-ROTATE_BYTES = 512 * 1024**2
-
-
-def random_fp8(n: int, k: int, device) -> FP8Weight:
-    raw = torch.randint(0, 0x7E, (n, k), dtype=torch.uint8, device=device)
-    sign = torch.randint(0, 2, (n, k), dtype=torch.uint8, device=device) << 7
-    return FP8Weight((raw | sign).view(torch.float8_e4m3fn), torch.tensor(1e-3, device=device))
+from anyfp4.bench.random_weights import random_bf16, random_fp8
+from anyfp4.bench.shapes import DECODE_M, PREFILL_M, SHAPES
+from anyfp4.bench.timing import ROTATE_BYTES, copy_bandwidth, graph_seconds
+from anyfp4.formats.fp8 import dequantize_fp8
+from anyfp4.ops import fp8_linear
+from anyfp4.packing.fp8 import prepack_fp8
 
 
 def op(x, p, input_scale=None):
-    return torch.ops.anyfp4.fp8_linear(x, p.codes, p.scales, None, p.out_features, p.in_features, 0, input_scale)
+    return fp8_linear(x, p.codes, p.scales, None, p.out_features, p.in_features, 0, input_scale)
 
 
 def w8a8_op(x, p, input_scale):
@@ -55,8 +43,6 @@ def w8a8_op(x, p, input_scale):
 
 
 def main() -> None:
-    import anyfp4.ops  # noqa: F401
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="fp8_linear.json")
     ap.add_argument("--ms", type=int, nargs="+", default=DECODE_M + PREFILL_M)
@@ -90,20 +76,20 @@ def main() -> None:
     for n, k in SHAPES:
         copies = max(2, int(ROTATE_BYTES // (n * k)) + 1)
         ws = [prepack_fp8(random_fp8(n, k, device)) for _ in range(copies)]
-        wbf = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(2)]
+        wbf = [random_bf16(n, k, device) for _ in range(2)]
         w8 = [random_fp8(n, k, device).weight for _ in range(2)] if sm >= 89 else []
         one = torch.ones((), device=device)
         for m in args.ms:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            t_bf = graph_time(lambda i: torch.nn.functional.linear(x, wbf[i % 2]))
-            t = graph_time(lambda i: op(x, ws[i % copies]), reps=20 if m <= 32 else 5)
+            t_bf = graph_seconds(lambda i: torch.nn.functional.linear(x, wbf[i % 2]))
+            t = graph_seconds(lambda i: op(x, ws[i % copies]), reps=20 if m <= 32 else 5)
             entry = {"n": n, "k": k, "m": m, "bf16_us": t_bf * 1e6, "fp8_us": t * 1e6}
             if w8:
                 x8 = torch.randn(max(16, -(-m // 16) * 16), k, device=device).to(torch.float8_e4m3fn)
-                t_s = graph_time(lambda i: torch._scaled_mm(x8, w8[i % 2].t(), one, one, out_dtype=torch.bfloat16))
+                t_s = graph_seconds(lambda i: torch._scaled_mm(x8, w8[i % 2].t(), one, one, out_dtype=torch.bfloat16))
                 entry["scaled_mm_us"] = t_s * 1e6
                 if m > 32:
-                    entry["w8a8_us"] = graph_time(lambda i: w8a8_op(x, ws[i % copies], input_scale), reps=5) * 1e6
+                    entry["w8a8_us"] = graph_seconds(lambda i: w8a8_op(x, ws[i % copies], input_scale), reps=5) * 1e6
             moved = n * k + m * k * 2 + m * n * 2
             entry.update(gbps=moved / t / 1e9, pct_copy=100 * moved / t / bw, speedup=t_bf / t)
             report["linear"].append(entry)
@@ -111,7 +97,7 @@ def main() -> None:
                   f"copy  x{entry['speedup']:.2f}" + (f"  scaled_mm {entry['scaled_mm_us']:.2f}" if w8 else "")
                   + (f"  w8a8 op {entry['w8a8_us']:.2f} (x{t_bf * 1e6 / entry['w8a8_us']:.2f})"
                      if "w8a8_us" in entry else ""), flush=True)
-        del ws, wbf, w8
+        ws = wbf = w8 = None  # this shape's weights freed before the next one's are made
         torch.cuda.empty_cache()
         Path(args.out).write_text(json.dumps(report, indent=1))
 

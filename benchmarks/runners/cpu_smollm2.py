@@ -1,6 +1,6 @@
 """CPU speed of the quantized path, one run, the alternatives side by side (no GPU needed).
 
-    python benchmarks/cpu_smollm2.py --out benchmarks/results/cpu_smollm2.json
+    PYTHONPATH=src python benchmarks/runners/cpu_smollm2.py --out benchmarks/results/cpu_smollm2.json
 
 1. ``anyfp4 bench --random-weights smollm2-135m`` for nvfp4, fp8 and bf16 (the bf16 model runs in float32 on the
    CPU, like the quantized ones): decode tok/s and the ratio to bf16.
@@ -71,7 +71,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="cpu_smollm2.json")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from anyfp4.demo import smollm2_bf16, smollm2_quantized
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

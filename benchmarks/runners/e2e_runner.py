@@ -4,7 +4,7 @@ prompt tokens, achieved weight bandwidth and its % of the copy bandwidth measure
 determinism (five greedy runs of 256 tokens, and the Triton kernels with the activation pack on and
 off); and the verify-pass cost per M = 1..8 (what speculative decoding pays per step).
 
-    python benchmarks/e2e_runner.py --out e2e.json [--arch llama-3.1-8b]
+    PYTHONPATH=src python benchmarks/runners/e2e_runner.py --out e2e.json [--arch llama-3.1-8b]
 """
 
 from __future__ import annotations
@@ -12,32 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from nvfp4_linear import graph_time  # noqa: E402
-
-from anyfp4.bench.model import bench_model, copy_bandwidth  # noqa: E402
-from anyfp4.runtime.generate import forget_decode_graphs  # noqa: E402
-from anyfp4.bench.random_model import random_model  # noqa: E402
-
-
-def verify_costs(model, ms=range(1, 9), prefix=512, reps=20):
-    """Median ms of one forward of M tokens at position ``prefix`` (a verify pass), CUDA-graph replayed."""
-    model.setup_caches(1, prefix + 16)
-    model(torch.randint(0, 1000, (1, prefix), device="cuda"), torch.arange(prefix, device="cuda"))
-    out = {}
-    for m in ms:
-        tok = torch.randint(0, 1000, (1, m), device="cuda")
-        pos = torch.arange(prefix, prefix + m, device="cuda")
-        out[m] = 1e3 * graph_time(lambda i: model(tok, pos), reps=1, trials=reps)
-    return out
+from anyfp4.bench.model import bench_model, verify_pass_ms
+from anyfp4.bench.random_model import random_model
+from anyfp4.bench.timing import copy_bandwidth
+from anyfp4.runtime.generate import forget_decode_graphs
 
 
 def main():
@@ -74,7 +57,7 @@ def main():
             forget_decode_graphs(model)
             print("determinism", json.dumps(report["determinism"]), flush=True)
         if fmt in ("nvfp4", "bf16"):
-            v = verify_costs(model)
+            v = verify_pass_ms(model)
             report["verify_ms"][fmt] = v
             print(f"{fmt} verify ms per M: " + " ".join(f"{m}:{t:.3f}({t / v[1]:.2f}x)" for m, t in v.items()),
                   flush=True)

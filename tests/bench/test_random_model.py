@@ -1,0 +1,78 @@
+"""Random-weight models: every format runs, the lm_head quantized on request, the weights' ranges, and the
+``random:ARCH:FORMAT`` names."""
+
+import pytest
+import torch
+
+from anyfp4.bench.model import weight_bytes_per_token
+from anyfp4.bench.random_model import RandomSource, RandomSpec, random_model
+from anyfp4.cli import main
+from anyfp4.formats.fp8 import FP8Weight
+from anyfp4.formats.nvfp4 import NVFP4Weight
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed", "bf16"])
+def test_random_models_run(fmt):
+    model = random_model("smollm2-135m", fmt, "cpu", torch.float32, progress=False)
+    model.setup_caches(1, 4)
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 2, 3]]), torch.arange(3))
+    assert torch.isfinite(logits).all()
+    assert weight_bytes_per_token(model) > 0
+
+
+def test_random_lm_head_quantized_on_request(capsys):
+    """``FORMAT+lm_head``: the lm_head in the weight format too (NVFP4 for mixed); bf16 otherwise; refused for a
+    bf16 model and for tied embeddings, and from the CLI as a clear message."""
+    for fmt, kind in [("nvfp4", torch.Tensor), ("nvfp4+lm_head", NVFP4Weight), ("fp8+lm_head", FP8Weight),
+                      ("mixed+lm_head", NVFP4Weight)]:
+        w, _ = RandomSource(fmt, "cpu").linear("lm_head", 64, 32)
+        assert isinstance(w, kind), fmt
+    for fmt, tied, why in [("bf16+lm_head", False, "no quantized lm_head"), ("nvfp4+lm_head", True, "ties"),
+                           ("nvfp4+head", False, "not 'nvfp4\\+head'")]:
+        with pytest.raises(ValueError, match=why):
+            RandomSource(fmt, "cpu", tied=tied)
+    for tp in ("1", "2"):
+        assert main(["bench", "--random-weights", "smollm2-135m", "--quantized-lm-head", "--device", "cpu",
+                     "--tp", tp]) == 2
+        assert "ties its lm_head" in capsys.readouterr().err
+
+
+def test_random_source_weights():
+    """NVFP4 block scales from bytes 0x28..0x4F and one global scale 2e-3 for every projection; FP8 bytes
+    without NaN, of either sign, scale 1e-4 and a static activation scale 0.05; bf16 of std 1 / sqrt(in)."""
+    w, _ = RandomSource("nvfp4", "cpu").linear("model.layers.0.mlp.up_proj", 64, 256)
+    assert isinstance(w, NVFP4Weight) and w.packed.shape == (64, 128) and w.block_scale.shape == (64, 16)
+    scale_bytes = w.block_scale.view(torch.uint8)
+    assert scale_bytes.min() >= 0x28 and scale_bytes.max() < 0x50 and float(w.global_scale) == pytest.approx(2e-3)
+    w, _ = RandomSource("fp8", "cpu").linear("model.layers.0.mlp.up_proj", 64, 256)
+    assert isinstance(w, FP8Weight) and not w.per_channel
+    codes = w.weight.view(torch.uint8)
+    assert (codes & 0x7F).max() < 0x7E and (codes >= 0x80).any()
+    assert float(w.scale) == pytest.approx(1e-4) and float(w.input_scale) == pytest.approx(0.05)
+    w, _ = RandomSource("bf16", "cpu").linear("model.layers.0.mlp.up_proj", 256, 1024)
+    assert w.dtype == torch.bfloat16 and float(w.float().std()) == pytest.approx(1024**-0.5, rel=0.05)
+    a, _ = RandomSource("nvfp4", "cpu", seed=3).linear("lm_head", 8, 32)
+    b, _ = RandomSource("nvfp4", "cpu", seed=3).linear("lm_head", 8, 32)
+    assert torch.equal(a, b)  # seeded
+
+
+def test_random_spec_names():
+    spec = RandomSpec.parse("random:llama-3.1-8b:nvfp4+lm_head")
+    assert spec == RandomSpec("llama-3.1-8b", "nvfp4+lm_head") and str(spec) == "random:llama-3.1-8b:nvfp4+lm_head"
+    assert RandomSpec.parse("/checkpoints/random") is None  # a directory
+    assert spec.args().hidden_size == 4096
+    with pytest.raises(ValueError, match="random:ARCH:FORMAT"):
+        RandomSpec.parse("random:llama-3.1-8b")
+    with pytest.raises(ValueError, match="unknown architecture 'gpt-9'"):
+        RandomSpec("gpt-9", "nvfp4").args()
+    with pytest.raises(ValueError, match="not 'nvfp4:x'"):
+        RandomSpec.parse("random:smollm2-135m:nvfp4:x").args()
+
+
+def test_bench_takes_a_random_model_by_name(capsys):
+    import json
+
+    assert main(["bench", "random:smollm2-135m:fp8", "--device", "cpu", "--prompt-len", "8", "--gen-len", "2",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "random:smollm2-135m:fp8"

@@ -1,0 +1,58 @@
+"""Tensor parallelism on the CPU (gloo, 2 processes): sharded greedy output equals one process."""
+
+import pytest
+import torch
+
+from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
+from anyfp4.runtime.generate import SamplingParams, generate
+from anyfp4.runtime.loader import load_model
+from anyfp4.parallel.model import generate_tp
+from helpers import TINY_LLAMA, free_port, write_float_checkpoint
+
+CONFIG = dict(TINY_LLAMA, intermediate_size=128)  # 64 per rank: whole 16-element groups
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed"])
+def test_tp2_equals_single_process(tmp_path, fmt):
+    src = write_float_checkpoint(tmp_path / "src", CONFIG)
+    ckpt = quantize_checkpoint(src, tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+    prompts = [[5, 6, 7, 8, 9], [1, 2, 3]]
+    params = SamplingParams(max_new_tokens=12)
+    model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    single = generate(model, prompts, params)
+    assert generate_tp(ckpt, prompts, params, tp=2, port=free_port()) == single
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_vocab_parallel_lm_head_equals_single_process(tmp_path, monkeypatch, tied):
+    """ANYFP4_TP_LM_HEAD=vocab: each rank computes its rows of the logits (127 rows: slices of 64 and 63, as
+    test_sharding checks), the all-gather puts them back in order; tied embeddings give each rank its rows of
+    the embedding."""
+    src = write_float_checkpoint(tmp_path / "src", dict(CONFIG, vocab_size=127, tie_word_embeddings=tied))
+    ckpt = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(format=TargetFormat.NVFP4, progress=False)).dst
+    prompts = [[5, 6, 7, 8, 9], [1, 2, 3]]
+    params = SamplingParams(max_new_tokens=12)
+    model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    single = generate(model, prompts, params)
+    monkeypatch.setenv("ANYFP4_TP_LM_HEAD", "vocab")
+    assert generate_tp(ckpt, prompts, params, tp=2, port=free_port()) == single
+
+
+@pytest.mark.slow
+def test_cli_tp_on_smollm2(smollm2_bf16, tmp_path, capsys, monkeypatch):
+    from anyfp4.cli import main
+
+    ckpt = quantize_checkpoint(smollm2_bf16, tmp_path / "fp8", QuantizeOptions(format=TargetFormat.FP8,
+                                                                                progress=False)).dst
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    assert main(["generate", str(ckpt), "--prompt", "What is the capital of France?", "--chat", "--tp", "3",
+                 "--max-tokens", "12", "--device", "cpu", "--quiet"]) == 0
+    assert "Paris" in capsys.readouterr().out
+
+
+def test_uneven_split_is_refused_before_spawning(tmp_path):
+    src = write_float_checkpoint(tmp_path / "src", dict(CONFIG, num_key_value_heads=1))
+    with pytest.raises(ValueError, match="1 key/value heads"):
+        generate_tp(src, [[1, 2]], SamplingParams(max_new_tokens=2), tp=2, port=free_port())
