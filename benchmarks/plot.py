@@ -69,9 +69,10 @@ def draw(report: dict, title: str, out: Path) -> Path:
     return out
 
 
-def main(path: str) -> None:
-    print(draw(json.loads(Path(path).read_text()), Path(path).stem, Path(path).with_suffix(".png")))
+def main(path: str, out: str | None = None) -> None:
+    """``python benchmarks/plot.py REPORT.json [OUT.png]`` (default: the report's name with .png)."""
+    print(draw(json.loads(Path(path).read_text()), Path(path).stem, Path(out) if out else Path(path).with_suffix(".png")))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
