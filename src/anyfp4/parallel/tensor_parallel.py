@@ -211,7 +211,7 @@ def shard_lm_head(model: nn.Module, rank: int, tp: int) -> None:
 
 def _single_gpu_split(layer: nn.Module, n: int, k: int, gated: bool) -> int:
     """The split-K one GPU uses for the full ``n`` x ``k`` layer (the launch table's, from M = 1)."""
-    from ..packing.nvfp4 import K_ALIGN, _round_up
+    from ..packing.layout import K_ALIGN, round_up as _round_up
     from ..dispatch.tuning import mma_config
     from ..kernels.device import device_arch
 
@@ -229,7 +229,7 @@ def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
     if model.device.type != "cuda":  # before the GPU-only imports (tuning needs Triton)
         return
     from ..kernels.cuda import weight_mma
-    from ..packing.nvfp4 import K_ALIGN, _round_up
+    from ..packing.layout import K_ALIGN, round_up as _round_up
     from ..kernels.device import device_arch
 
     if not weight_mma.enabled(device_arch(model.device.index)[0]):

@@ -6,8 +6,8 @@ the decode and the split-K; this module holds launch configurations and the laun
 It reads the same prepacks as the Triton kernels (``nvfp4_prepack``, ``fp8_prepack``), which stay the
 portable path for sm_70/75 and wherever NVRTC is missing; ``ANYFP4_KERNELS=triton`` forces them.
 
-Split-K blocks meet through per-device arrival counters (``reserve_counters``), reserved when a prepack
-is made on a GPU so that CUDA-graph capture never allocates; kernels sharing them must run on one
+Split-K blocks meet through per-device arrival counters (``counters.reserve_counters``), reserved when a layer
+makes its prepack on a GPU so that CUDA-graph capture never allocates; kernels sharing them must run on one
 stream at a time (as a model's layers do).
 """
 
@@ -23,6 +23,7 @@ from ...dispatch.configs import MMAConfig
 from ...dispatch.limits import DECODE_ROWS
 from ..device import device_arch
 from . import nvrtc
+from .counters import COUNTER_SLOTS, reserve_counters
 
 MIN_SM = 80
 STEP_K = {"nvfp4": 128, "fp8": 64}  # k per main-loop step
@@ -65,22 +66,6 @@ def stage_k(m: int, stage_bytes: int | None = None, least: int = 128, fmt: str =
     while kc > least and stage_bytes_for(m, kc, fmt) > cap:
         kc //= 2
     return kc
-
-
-_COUNTERS: dict[int, torch.Tensor] = {}
-COUNTER_SLOTS = 1 << 16
-
-
-def reserve_counters(device: torch.device) -> torch.Tensor:
-    """The per-device split-K arrival counters (every kernel leaves them at zero)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    buf = _COUNTERS.get(index)
-    if buf is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("anyfp4: split-K counters must be reserved before CUDA-graph capture; run the model "
-                               "once eagerly or call anyfp4.kernels.cuda.weight_mma.reserve_counters(device) first")
-        buf = _COUNTERS[index] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=torch.device("cuda", index))
-    return buf
 
 
 def early_launch(device: int) -> bool:
