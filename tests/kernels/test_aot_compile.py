@@ -15,8 +15,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from anyfp4.kernels.triton.fp8_linear import fp8_dequant_kernel, fp8_gemv_kernel, fp8_raw_kernel
-from anyfp4.kernels.triton.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kernel, splitk_reduce_kernel
+from anyfp4.kernels.triton.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kernel
 from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequant_kernel
+from anyfp4.kernels.triton.nvfp4_epilogue import splitk_reduce_kernel
 from anyfp4.kernels.triton.nvfp4_gemv import nvfp4_gemv_kernel
 from anyfp4.kernels.glue.rms_norm import add_rms_norm_kernel, rms_norm_kernel
 from anyfp4.kernels.glue.rope_cache import rope_cache_kernel

@@ -3,16 +3,13 @@ import torch
 
 from anyfp4.formats.fp8 import e4m3_decode
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4, quantize_nvfp4
+from anyfp4.packing.layout import K_ALIGN, ROW_ALIGN, tiled_scale_offset, tiled_word_offset
 from anyfp4.packing.nvfp4 import (
-    K_ALIGN,
-    ROW_ALIGN,
     CODE_BITS,
     SCALE_BYTE,
     checkpoint_order,
     prepack_nvfp4,
     prepack_nvfp4_gated,
-    tiled_scale_offset,
-    tiled_word_offset,
     unprepack_nvfp4,
     unprepack_nvfp4_gated,
 )

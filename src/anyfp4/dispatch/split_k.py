@@ -9,12 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..packing.nvfp4 import K_ALIGN
-
-
-def _padded_k(k: int) -> int:
-    """K as every prepack pads it (both formats: a multiple of ``K_ALIGN``)."""
-    return -(-k // K_ALIGN) * K_ALIGN
+from ..packing.layout import K_ALIGN, round_up
 
 
 def single_gpu_split_k(device: torch.device, fmt: str, gated: bool, n: int, k: int) -> int:
@@ -27,7 +22,7 @@ def single_gpu_split_k(device: torch.device, fmt: str, gated: bool, n: int, k: i
     sm, sms = device_arch(device.index)
     if not weight_mma.enabled(sm):
         return 0
-    return mma_config(sm, sms, fmt, gated, n, k, _padded_k(k), 1).split_k
+    return mma_config(sm, sms, fmt, gated, n, k, round_up(k, K_ALIGN), 1).split_k
 
 
 def row_parallel_split_k(device: torch.device, fmt: str, n: int, full_k: int, tp: int) -> int:
@@ -35,9 +30,9 @@ def row_parallel_split_k(device: torch.device, fmt: str, n: int, full_k: int, tp
     one GPU's bits for the full layer: the full layer's split divided by ``tp``. 0 where no split does that (the
     split or the layer's K steps do not divide by ``tp``: close, not the same bits) or the CUDA kernel does not
     serve the device."""
-    from ..kernels.cuda.weight_mma import STEP_K
+    from ..kernels.cuda.weight_mma_defines import STEP_K
 
     split = single_gpu_split_k(device, fmt, False, n, full_k)
-    if split and split % tp == 0 and (_padded_k(full_k) // STEP_K[fmt]) % tp == 0:
+    if split and split % tp == 0 and (round_up(full_k, K_ALIGN) // STEP_K[fmt]) % tp == 0:
         return split // tp
     return 0

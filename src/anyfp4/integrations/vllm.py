@@ -192,6 +192,7 @@ class AnyFP4LinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer) -> None:
         from ..formats.fp8 import FP8Weight
         from ..formats.nvfp4 import NVFP4Weight
+        from ..kernels.cuda.counters import reserve_counters_for
         from ..packing.fp8 import prepack_fp8
         from ..packing.nvfp4 import prepack_nvfp4
 
@@ -220,6 +221,7 @@ class AnyFP4LinearMethod(LinearMethodBase):
                 raise ValueError(f"anyfp4: {self.prefix}.{names['scale']} was not loaded")
             rows = s.reshape(-1) if s.dim() == 2 else torch.cat([s[i].expand(sizes[i]) for i in range(len(sizes))])
             prepacks.append(prepack_fp8(FP8Weight(weight.contiguous(), rows.contiguous())))
+        reserve_counters_for(prepacks[0].codes)  # on a GPU: before vLLM captures its CUDA graphs
         for name in [*names.values(), "input_scale"]:  # the prepacks replace the checkpoint tensors
             if hasattr(layer, name):
                 delattr(layer, name)

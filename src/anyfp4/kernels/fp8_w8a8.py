@@ -4,7 +4,7 @@ tensor cores, then the per-row weight scales (and bias, or SiLU * up) applied to
 
     y = (x_q @ W_q^T) * input_scale * scale[n],   x_q = e4m3(clamp(x / input_scale, -448, 448))
 
-The prepack's words keep their bits in the decode layout (``fp8_prepack.BYTE_BITS``), so the weight is first
+The prepack's words keep their bits in the decode layout (``packing.fp8.BYTE_BITS``), so the weight is first
 written back as plain E4M3 bytes, row-major, into a reused workspace (``fp8_linear.fp8_raw_kernel``; on the CPU
 the prepack's pure-torch inverse, so the CPU path needs no Triton): 2 bytes moved per weight where weight-only
 dequantization moves 3, and a GEMM reading half the operand bytes. The padded prepack (rows to ``ROW_ALIGN``, K to ``K_ALIGN``) is used whole, so
@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..packing.fp8 import FP8Prepacked, gather_fp8_words
-from ..packing.nvfp4 import untile_words
+from ..packing.fp8 import FP8Prepacked, checkpoint_words
 
 E4M3_MAX = 448.0
 
@@ -27,8 +26,7 @@ def raw_weight(w: FP8Prepacked, row0: int = 0) -> torch.Tensor:
     the CPU."""
     rows = (w.up_offset or w.codes.shape[0]) if row0 == 0 else w.codes.shape[0] - row0
     if not w.codes.is_cuda:
-        half = gather_fp8_words(untile_words(w.codes[row0:row0 + rows]))
-        return half.contiguous().view(torch.float8_e4m3fn)
+        return checkpoint_words(w.codes[row0:row0 + rows]).contiguous().view(torch.float8_e4m3fn)
     from .triton.fp8_linear import fp8_raw_weight
 
     return fp8_raw_weight(w, row0, rows)

@@ -1,6 +1,7 @@
 """Linear layers over NVFP4, FP8 and float weights; fused q/k/v and gate/up where the scales allow.
 
-Each layer prepacks once, at construction; ``forward`` calls one op. NVFP4 goes through
+Each layer prepacks once, at construction (on a GPU it also reserves the CUDA kernel's split-K counters then, so
+that a CUDA graph captured later allocates nothing); ``forward`` calls one op. NVFP4 goes through
 ``torch.ops.anyfp4.*`` (kernels on CUDA, the reference on the CPU), and so does FP8.
 """
 
@@ -14,6 +15,7 @@ from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
 from ..dispatch.limits import DECODE_ROWS
 from ..formats.fp8 import FP8Weight
 from ..formats.nvfp4 import NVFP4Weight
+from ..kernels.cuda.counters import reserve_counters_for
 from ..packing.fp8 import prepack_fp8, prepack_fp8_gated
 from ..packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
 
@@ -24,6 +26,7 @@ class NVFP4Linear(nn.Module):
     def __init__(self, weight: NVFP4Weight, bias: torch.Tensor | None, device, gated_up: NVFP4Weight | None = None):
         super().__init__()
         p = prepack_nvfp4_gated(weight, gated_up, device) if gated_up is not None else prepack_nvfp4(weight, device)
+        reserve_counters_for(p.codes)
         self.register_buffer("codes", p.codes)
         self.register_buffer("scales", p.scales)
         self.register_buffer("global_scale", p.global_scale)
@@ -64,6 +67,7 @@ class FP8Linear(nn.Module):
     def __init__(self, weight: FP8Weight, bias: torch.Tensor | None, device, gated_up: FP8Weight | None = None):
         super().__init__()
         p = prepack_fp8_gated(weight, gated_up, device) if gated_up is not None else prepack_fp8(weight, device)
+        reserve_counters_for(p.codes)
         self.register_buffer("codes", p.codes)
         self.register_buffer("scales", p.scales)
         # the static activation scale of a W8A8 checkpoint (the opt-in W8A8 prefill quantizes with it)

@@ -44,7 +44,7 @@ def check_geometry(codes: Tensor, k_per_word: int, out_features: int, in_feature
     """``out_features`` / ``in_features`` / ``up_offset`` are the ones the prepack was made for: a prepack of N x K
     holds exactly round_up(N, ROW_ALIGN) rows (twice that, gated, up from ``up_offset``) and round_up(K, K_ALIGN)
     columns, so no output column can fall into the padding."""
-    from ..packing.nvfp4 import K_ALIGN, ROW_ALIGN
+    from ..packing.layout import K_ALIGN, ROW_ALIGN
 
     if out_features <= 0 or in_features <= 0:
         raise ValueError(f"{name}: out_features and in_features must be positive, got {out_features}, {in_features}")

@@ -1,9 +1,9 @@
 """FP8 (E4M3) prepack: checkpoint FP8 tensors -> the resident layout the FP8 kernels read, and its inverse.
 
 Prepack (``FP8Prepacked``): ``codes`` (N_pad, K_pad // 4) int32, word ``j`` of a row holding the
-E4M3 values of ``k = 4j .. 4j + 3``, the words stored in tiles of 16 rows x 16 words (64 k) like the
-NVFP4 prepack's (``nvfp4_prepack.tile_words``: one contiguous 1 KiB read per warp and step of the
-CUDA kernel); ``scales`` (N_pad,) float32 per output channel (a per-tensor scale is broadcast, so
+E4M3 values of ``k = 4j .. 4j + 3``, the words stored in the tiles of ``layout.py`` (16 rows x 16
+words, 64 k) like the NVFP4 prepack's (one contiguous 1 KiB read per warp and step of the CUDA
+kernel); ``scales`` (N_pad,) float32 per output channel (a per-tensor scale is broadcast, so
 fused projections concatenate exactly); padding holds zeros. A gated prepack stacks gate and up,
 up starting at row ``up_offset``.
 
@@ -24,10 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from ..formats.fp8 import FP8Weight
-from .nvfp4 import (K_ALIGN, ROW_ALIGN, TILE_ROWS, _round_up, gather_bits, spread_bits, tile_words,
-                            untile_words)
+from .layout import K_ALIGN, ROW_ALIGN, TILE_ROWS, gather_bits, round_up, spread_bits, tile_words, untile_words
 
-
+K_PER_WORD = 4  # E4M3 values per int32 word: a storage tile row (``layout.TILE_WORDS``) holds 64 k
 # for value i (k = 4j + i) of word j: the word bit holding each of its E4M3 bits 0..7 (bit 7: the sign)
 BYTE_BITS = ((4, 5, 6, 7, 8, 9, 10, 15), (0, 1, 2, 3, 28, 29, 30, 11),
              (20, 21, 22, 23, 24, 25, 26, 31), (16, 17, 18, 19, 12, 13, 14, 27))
@@ -58,7 +57,7 @@ class FP8Prepacked:
 
 def _pad(weight: FP8Weight, device) -> tuple[torch.Tensor, torch.Tensor]:
     n, k = weight.shape
-    n_pad, k_pad = _round_up(n, ROW_ALIGN), _round_up(k, K_ALIGN)
+    n_pad, k_pad = round_up(n, ROW_ALIGN), round_up(k, K_ALIGN)
     codes = torch.zeros(n_pad, k_pad, dtype=torch.uint8, device=device)
     codes[:n, :k] = weight.weight.to(device).view(torch.uint8)
     nan = (codes & 0x7F) == 0x7F  # E4M3 has no infinities; 0x7F / 0xFF are NaN (prepack_nvfp4 refuses NaN scales)
@@ -71,10 +70,6 @@ def _pad(weight: FP8Weight, device) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError("FP8 weight scales must be finite and positive")
     scales = torch.zeros(n_pad, dtype=torch.float32, device=device)
     scales[:n] = scale.expand(n) if scale.numel() == 1 else scale
-    if torch.device(device).type == "cuda":
-        from ..kernels.cuda.weight_mma import reserve_counters
-
-        reserve_counters(torch.device(device))
     return tile_words(spread_fp8_words(codes.view(torch.int32))), scales
 
 
@@ -92,9 +87,14 @@ def prepack_fp8_gated(gate: FP8Weight, up: FP8Weight, device=None) -> FP8Prepack
     return FP8Prepacked(torch.cat([gc, uc]), torch.cat([gs, us]), gate.shape[0], gate.shape[1], up_offset=gc.shape[0])
 
 
+def checkpoint_words(codes: torch.Tensor) -> torch.Tensor:
+    """Whole row blocks of prepacked ``codes`` -> the checkpoint's row-major words (E4M3 bytes in k order)."""
+    return gather_fp8_words(untile_words(codes))
+
+
 def unprepack_fp8(p: FP8Prepacked, row0: int = 0) -> FP8Weight:
     """The exact inverse of the prepack (scales per channel); ``row0 = up_offset`` gives the up half."""
     n, k = p.out_features, p.in_features
-    rows = gather_fp8_words(untile_words(p.codes[row0:row0 + _round_up(n, TILE_ROWS)]))  # this half's row blocks
+    rows = checkpoint_words(p.codes[row0:row0 + round_up(n, TILE_ROWS)])  # this half's row blocks
     weight = rows.view(torch.uint8)[:n, :k].contiguous().view(torch.float8_e4m3fn)
     return FP8Weight(weight, p.scales[row0:row0 + n].clone())

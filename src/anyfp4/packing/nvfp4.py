@@ -3,12 +3,10 @@
 Layout (``NVFP4Prepacked``), for a weight of N rows (out_features) and K columns (in_features),
 padded to ``N_pad`` (a multiple of ``ROW_ALIGN``) and ``K_pad`` (a multiple of ``K_ALIGN``):
 
-- ``codes``: (N_pad, K_pad // 8) int32, stored in tiles of 16 rows x 128 k (``TILE_ROWS`` x
-  ``TILE_K``): tile (r // 16, k // 128) is 256 consecutive words, row-major inside (16 rows of
-  16 words), tiles of one row block in k order, row blocks in order. A decode kernel's warp
-  reads one tile per step as one contiguous 1 KiB stretch (``tiled_word_offset``); the 2-D shape
-  only keeps the byte count (every 16 rows of it are one row block, so gate and up halves stack
-  with ``torch.cat``).
+- ``codes``: (N_pad, K_pad // 8) int32 (``K_PER_WORD`` codes a word), stored in the tiles of
+  ``layout.py``: 16 rows x 16 words (128 k), 256 consecutive words, row-major inside
+  (``layout.tiled_word_offset``); a decode kernel's warp reads one tile per step as one contiguous
+  1 KiB stretch, and gate and up halves stack with ``torch.cat``.
 - inside a word, the 8 codes of ``k = 8j .. 8j + 7`` (checkpoint codes c0..c7) have their bits
   (magnitude bits 0-2 and sign) where ``CODE_BITS`` says, placed for the CUDA kernel's bf16
   decode of the pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7): a pair is two bf16 values
@@ -18,15 +16,15 @@ padded to ``N_pad`` (a multiple of ``ROW_ALIGN``) and ``K_pad`` (a multiple of `
   operations per word, the fewest of any layout (an exhaustive search over the shift amounts:
   no layout lets every pair be one shift and one mask, and none does it in eight).
 - ``scales``: (N_pad, K_pad // 16) uint8 block scales in the same tiles: per 16 rows x 128 k, 128
-  bytes ordered (row % 8, block // 2, row // 8, block % 2), so a thread of the CUDA kernel gets the
-  four scales it needs in one 32-bit load. Each byte is the E4M3 scale re-encoded without
-  subnormals (``SCALE_BYTE``): ``bs = 2^e * (1 + m / 8)`` (every E4M3 value has this form with
-  e in -9..8) is stored as ``(e + 10) << 3 | m``, and zero as 0. Shifted into a float's exponent
-  field that byte is ``bs`` times a power of two for every scale, so a kernel converts it with one
-  shift and one add (``(byte << 4) + (235 << 7)`` is bf16 ``bs * 2^118``, ``(byte << 7)`` fp16
-  ``bs * 2^-5``, ``(byte << 20)`` float32 ``bs * 2^-117``) — except a zero scale, which an add
-  can make nonzero: the codes of a block whose scale is zero (+0 or -0) are stored as zero, so
-  the block decodes to exact zeros however its scale converts.
+  bytes ordered (row % 8, block // 2, row // 8, block % 2) (``layout.tiled_scale_offset``), so a
+  thread of the CUDA kernel gets the four scales it needs in one 32-bit load. Each byte is the E4M3
+  scale re-encoded without subnormals (``SCALE_BYTE``): ``bs = 2^e * (1 + m / 8)`` (every E4M3 value
+  has this form with e in -9..8) is stored as ``(e + 10) << 3 | m``, and zero as 0. Shifted into a
+  float's exponent field that byte is ``bs`` times a power of two for every scale, so a kernel
+  converts it with one shift and one add (``(byte << 4) + (235 << 7)`` is bf16 ``bs * 2^118``,
+  ``(byte << 7)`` fp16 ``bs * 2^-5``, ``(byte << 20)`` float32 ``bs * 2^-117``) — except a zero
+  scale, which an add can make nonzero: the codes of a block whose scale is zero (+0 or -0) are
+  stored as zero, so the block decodes to exact zeros however its scale converts.
 - ``global_scale``: (1,) float32 on the device, so no host sync is needed to read it.
 
 Padding holds code 0 (value 0) and scale 0, so padded rows and columns contribute exact zeros
@@ -35,16 +33,15 @@ and the kernels crop the output to N. Activations are never padded: kernels mask
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import torch
 
 from ..formats.nvfp4 import GROUP_SIZE, NVFP4Weight
+from .layout import (K_ALIGN, ROW_ALIGN, TILE_ROWS, gather_bits, round_up, spread_bits, tile_scales, tile_words,
+                     untile_scales, untile_words)
 
-ROW_ALIGN = 128  # the largest row tile of any NVFP4 kernel configuration
-K_ALIGN = 256  # the largest K tile
-TILE_ROWS, TILE_K = 16, 128  # the storage tile of codes and scales
+K_PER_WORD = 8  # codes per int32 word: a storage tile row (``layout.TILE_WORDS``) holds 128 k
 # per code i (k = 8j + i) of word j: the word bits holding its magnitude bits 0, 1, 2 and its sign
 CODE_BITS = ((4, 5, 6, 13), (0, 1, 2, 9), (26, 27, 28, 3), (30, 7, 8, 15),
              (20, 21, 22, 29), (16, 17, 18, 25), (10, 11, 12, 19), (14, 23, 24, 31))
@@ -75,10 +72,6 @@ E4M3_OF_SCALE_BYTE = torch.zeros(256, dtype=torch.uint8).index_put_(
     (SCALE_BYTE[:0x7F].long(),), torch.arange(0x7F, dtype=torch.uint8))
 
 
-def _round_up(v: int, m: int) -> int:
-    return (v + m - 1) // m * m
-
-
 @dataclass(frozen=True)
 class NVFP4Prepacked:
     codes: torch.Tensor  # (N_pad, K_pad // 8) int32
@@ -101,19 +94,15 @@ def prepack_nvfp4(weight: NVFP4Weight, device: torch.device | str | None = None)
     if weight.block_scale.shape != (n, k // GROUP_SIZE):
         raise ValueError(f"block scales must be ({n}, {k // GROUP_SIZE}), got {tuple(weight.block_scale.shape)}")
     device = torch.device(device) if device is not None else weight.packed.device
-    n_pad, k_pad = _round_up(n, ROW_ALIGN), _round_up(k, K_ALIGN)
+    n_pad, k_pad = round_up(n, ROW_ALIGN), round_up(k, K_ALIGN)
     codes = torch.zeros(n_pad, k_pad // 2, dtype=torch.uint8, device=device)
     codes[:n, : k // 2] = weight.packed.to(device)
     scales = torch.zeros(n_pad, k_pad // GROUP_SIZE, dtype=torch.uint8, device=device)
     scales[:n, : k // GROUP_SIZE] = _encode_scales(weight.block_scale.to(device).view(torch.uint8))
     # a zero scale's block holds zero codes (see the module docstring)
     codes.view(n_pad, k_pad // GROUP_SIZE, GROUP_SIZE // 2).masked_fill_((scales == 0)[:, :, None], 0)
-    codes, scales = tile_words(_spread_words(codes.view(torch.int32))), _tile_scales(scales)
+    codes, scales = tile_words(_spread_words(codes.view(torch.int32))), tile_scales(scales)
     global_scale = weight.global_scale.to(device=device, dtype=torch.float32).reshape(1).clone()
-    if device.type == "cuda":
-        from ..kernels.cuda.weight_mma import reserve_counters
-
-        reserve_counters(device)
     return NVFP4Prepacked(codes, scales, global_scale, n, k)
 
 
@@ -145,48 +134,6 @@ def _encode_scales(e4m3: torch.Tensor, rows_per_chunk: int = 4096) -> torch.Tens
     return out
 
 
-def _byte_tables(moves: tuple[tuple[int, int], ...]) -> torch.Tensor:
-    """(4, 256) int32: entry [j, v] holds the word bits that byte j of a word, of value v, moves to (``moves``:
-    (from bit, to bit) pairs)."""
-    tables = torch.zeros(4, 256, dtype=torch.int64)
-    values = torch.arange(256, dtype=torch.int64)
-    for src, dst in moves:
-        tables[src // 8] |= ((values >> (src % 8)) & 1) << dst
-    return (tables - ((tables >> 31) << 32)).to(torch.int32)
-
-
-def _move_bits(words: torch.Tensor, moves: tuple[tuple[int, int], ...], rows_per_chunk: int) -> torch.Tensor:
-    """Every bit of every int32 word moved as ``moves`` says: one table lookup per byte (in chunks of rows)."""
-    if sys.byteorder != "little":
-        raise RuntimeError("the prepacks are built on little-endian machines only")
-    tables = _byte_tables(moves).to(words.device)
-    out = torch.empty_like(words)
-    for r in range(0, words.shape[0], rows_per_chunk):
-        b = words[r:r + rows_per_chunk].contiguous().view(torch.uint8).view(*words[r:r + rows_per_chunk].shape, 4)
-        acc = tables[0][b[..., 0].int()]
-        for j in range(1, 4):
-            acc |= tables[j][b[..., j].int()]
-        out[r:r + rows_per_chunk] = acc
-    return out
-
-
-def _field_moves(table) -> tuple[tuple[int, int], ...]:
-    """(checkpoint-order bit, placed bit) for every bit of every field of ``table``."""
-    return tuple((len(bits) * i + b, pos) for i, bits in enumerate(table) for b, pos in enumerate(bits))
-
-
-def spread_bits(words: torch.Tensor, table, rows_per_chunk: int = 4096) -> torch.Tensor:
-    """Checkpoint-order int32 words (field i, of ``len(table[i])`` bits, at bit ``i * len(table[i])``) -> the
-    layout where bit b of field i sits at word bit ``table[i][b]``. NVFP4 uses ``CODE_BITS``, FP8
-    ``fp8_prepack.BYTE_BITS``."""
-    return _move_bits(words, _field_moves(table), rows_per_chunk)
-
-
-def gather_bits(words: torch.Tensor, table, rows_per_chunk: int = 4096) -> torch.Tensor:
-    """The inverse of ``spread_bits``."""
-    return _move_bits(words, tuple((dst, src) for src, dst in _field_moves(table)), rows_per_chunk)
-
-
 def _spread_words(words: torch.Tensor) -> torch.Tensor:
     """Checkpoint-order NVFP4 words (code i in bits 4i..4i+3) -> the layout of ``CODE_BITS``."""
     return spread_bits(words, CODE_BITS)
@@ -197,53 +144,10 @@ def _gather_words(words: torch.Tensor) -> torch.Tensor:
     return gather_bits(words, CODE_BITS)
 
 
-def tile_words(words: torch.Tensor) -> torch.Tensor:
-    """(rows, words) row-major -> tiles of 16 rows x 16 words, row-major inside, in (row block, word block)
-    order (the FP8 prepack stores its byte words the same way: 16 rows x 64 k)."""
-    n, kw = words.shape
-    tw = TILE_K // 8
-    return words.view(n // TILE_ROWS, TILE_ROWS, kw // tw, tw).permute(0, 2, 1, 3).contiguous().view(n, kw)
-
-
-def untile_words(words: torch.Tensor) -> torch.Tensor:
-    n, kw = words.shape
-    tw = TILE_K // 8
-    return words.view(n // TILE_ROWS, kw // tw, TILE_ROWS, tw).permute(0, 2, 1, 3).contiguous().view(n, kw)
-
-
-def _tile_scales(scales: torch.Tensor) -> torch.Tensor:
-    """(rows, blocks) -> per 16 x 8 tile the order (row % 8, block // 2, row // 8, block % 2)."""
-    n, kb = scales.shape
-    tb = TILE_K // GROUP_SIZE
-    v = scales.view(n // TILE_ROWS, 2, 8, kb // tb, tb // 2, 2)  # (tile, row // 8, row % 8, step, block // 2, block % 2)
-    return v.permute(0, 3, 2, 4, 1, 5).contiguous().view(n, kb)
-
-
-def _untile_scales(scales: torch.Tensor) -> torch.Tensor:
-    n, kb = scales.shape
-    tb = TILE_K // GROUP_SIZE
-    v = scales.view(n // TILE_ROWS, kb // tb, 8, tb // 2, 2, 2)  # (tile, step, row % 8, block // 2, row // 8, block % 2)
-    return v.permute(0, 4, 2, 1, 3, 5).contiguous().view(n, kb)
-
-
-def tiled_word_offset(row, word, words_per_row: int):
-    """Index in the flat ``codes`` of word ``word`` (k // 8) of weight row ``row`` (ints or int tensors)."""
-    tw = TILE_K // 8
-    return (row // TILE_ROWS) * (TILE_ROWS * words_per_row) + (word // tw) * (TILE_ROWS * tw) + (row % TILE_ROWS) * tw + word % tw
-
-
-def tiled_scale_offset(row, block, blocks_per_row: int):
-    """Index in the flat ``scales`` of block ``block`` (k // 16) of weight row ``row``."""
-    tb = TILE_K // GROUP_SIZE
-    b = block % tb
-    inside = (row % 8) * (2 * tb) + (b // 2) * 4 + ((row % TILE_ROWS) // 8) * 2 + b % 2
-    return (row // TILE_ROWS) * (TILE_ROWS * blocks_per_row) + (block // tb) * (TILE_ROWS * tb) + inside
-
-
 def _checkpoint_rows(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Whole row blocks of ``codes`` / ``scales`` -> the checkpoint's row-major, nibble-order bytes."""
     table = E4M3_OF_SCALE_BYTE.to(scales.device)
-    return _gather_words(untile_words(codes)).view(torch.uint8), table[_untile_scales(scales).long()]
+    return _gather_words(untile_words(codes)).view(torch.uint8), table[untile_scales(scales).long()]
 
 
 def checkpoint_order(p: NVFP4Prepacked) -> tuple[torch.Tensor, torch.Tensor]:
@@ -256,7 +160,7 @@ def _crop(p: NVFP4Prepacked, row0: int) -> NVFP4Weight:
     """The weight of rows ``row0 .. row0 + N`` (``row0``: 0 or ``up_offset``, a row-block boundary); only
     those row blocks are converted back."""
     n, k = p.out_features, p.in_features
-    end = row0 + _round_up(n, TILE_ROWS)
+    end = row0 + round_up(n, TILE_ROWS)
     codes, scales = _checkpoint_rows(p.codes[row0:end], p.scales[row0:end])
     packed = codes[:n, : k // 2].contiguous()
     scales = scales[:n, : k // GROUP_SIZE].contiguous().view(torch.float8_e4m3fn)

@@ -16,6 +16,7 @@ from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
 from anyfp4.dispatch import tuning
 from anyfp4.dispatch.configs import MMAConfig
 from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, nvfp4_mma_gemm
+from anyfp4.kernels.cuda.weight_mma_defines import STAGING, source_defines
 from mma_checks import check_kernel, nvfp4_weight, rel_err, sweep_cases
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -31,19 +32,15 @@ def halves(bits: torch.Tensor, dtype) -> torch.Tensor:
 
 
 def kernel_constants():
-    """The scale multipliers and epilogue units as written in the CUDA source (so the emulation below
-    checks the kernel's own numbers)."""
-    import re
-
-    src = weight_mma._source()
-    perm = re.search(r"const u32 b = __byte_perm\(s, 0u, (0x[0-9A-Fa-f]+)u \| \((0x[0-9A-Fa-f]+)u \* j\)\);", src)
-    bf16 = re.search(r"#if BF16\n\s+return b \* (\d+)u \+ (0x[0-9A-Fa-f]+)u;", src)
-    fp16 = re.search(r"#else\n\s+return b \* (\d+)u \+ (0x[0-9A-Fa-f]+)u;", src)
-    units = dict(re.findall(r"#(?:el)?if (FP8 && BF16|FP8|BF16)\n\s+const float unit = ([0-9.e+]+)f;", src))
-    units["fp16"] = re.search(r"#else\n\s+const float unit = ([0-9.e+]+)f;", src).group(1)
-    assert perm and bf16 and fp16 and set(units) == {"FP8 && BF16", "FP8", "BF16", "fp16"}, units
-    scale = {"perm": (int(perm.group(1), 16), int(perm.group(2), 16)),
-             "bf16": (int(bf16.group(1)), int(bf16.group(2), 16)), "fp16": (int(fp16.group(1)), int(fp16.group(2), 16))}
+    """The scale multipliers and epilogue units the kernel is compiled with (``source_defines``, which every launch
+    passes to the source: ``test_launch_defines_are_the_layouts_and_the_decodes``), so the emulation below checks
+    the kernel's own numbers against ``formats/``."""
+    nvfp4_16, nvfp4_bf16 = source_defines("nvfp4", "fp16"), source_defines("nvfp4", "bf16")
+    scale = {"perm": (nvfp4_16["SCALE_PERM_BASE"], nvfp4_16["SCALE_PERM_STEP"]),
+             "bf16": (nvfp4_bf16["SCALE_MUL"], nvfp4_bf16["SCALE_ADD"]),
+             "fp16": (nvfp4_16["SCALE_MUL"], nvfp4_16["SCALE_ADD"])}
+    units = {"FP8 && BF16": source_defines("fp8", "bf16")["UNIT"], "FP8": source_defines("fp8", "fp16")["UNIT"],
+             "BF16": nvfp4_bf16["UNIT"], "fp16": nvfp4_16["UNIT"]}
     return scale, {k: float(v) for k, v in units.items()}
 
 
@@ -142,12 +139,17 @@ def decode_e4m3_pair(w: torch.Tensor, p: int, bf16: bool) -> torch.Tensor:
 
 def test_fp8_pair_decode_is_exact():
     """Every finite E4M3 value in each of the four slots of a prepacked word (the other three random): pair 0 is
-    (k0, k2), pair 1 (k1, k3), as fp16 e4m3 * 2^-8 and as bf16 e4m3 * 2^-120 (times the source's 2^120)."""
+    (k0, k2), pair 1 (k1, k3), as fp16 e4m3 * 2^-8 and as bf16 e4m3 * 2^-120; the bf16 multiplier the kernel is
+    compiled with (FP8_BF16_RESCALE, both halves 2^120, one exact bf16 rounding) and the epilogue's units give
+    e4m3 back."""
     from anyfp4.formats.fp8 import e4m3_decode as e4m3_to_float
     from anyfp4.packing.fp8 import spread_fp8_words
 
     finite = torch.tensor([i for i in range(256) if (i & 0x7F) != 0x7F], dtype=torch.int64)
-    assert "return mul2(bits, 0x7B807B80u);  // * 2^120" in weight_mma._source()
+    _, units = kernel_constants()
+    bits = torch.tensor([source_defines("fp8", "bf16")["FP8_BF16_RESCALE"]], dtype=torch.int64)
+    rescale = halves((bits - ((bits >> 31) << 32)).to(torch.int32), torch.bfloat16)
+    assert torch.equal(rescale, torch.tensor([[2.0**120, 2.0**120]], dtype=torch.float64))
     gen = torch.Generator().manual_seed(0)
     for slot in range(4):
         vals = [finite[torch.randint(0, finite.numel(), finite.shape, generator=gen)] for _ in range(4)]
@@ -157,10 +159,12 @@ def test_fp8_pair_decode_is_exact():
         ref = [e4m3_to_float(v.to(torch.uint8)).double() for v in vals]
         for p, (lo, hi) in enumerate([(0, 2), (1, 3)]):
             want = torch.stack([ref[lo], ref[hi]], -1)
-            assert torch.equal(halves(decode_e4m3_pair(spread, p, False).to(torch.int32), torch.float16),
-                               want * 2.0**-8), (slot, p)
+            w16 = halves(decode_e4m3_pair(spread, p, False).to(torch.int32), torch.float16)
+            assert torch.equal(w16, want * 2.0**-8) and torch.equal(w16 * units["FP8"], want), (slot, p)
             bf = halves(decode_e4m3_pair(spread, p, True).to(torch.int32), torch.bfloat16)
             assert torch.equal(bf * 2.0**120, want), (slot, p)
+            rescaled = (bf.bfloat16() * rescale[0].bfloat16()).double()  # mul2's one bf16 rounding
+            assert torch.equal(rescaled * units["FP8 && BF16"], want), (slot, p)
 
 
 def test_fp8_pair_decode_is_the_kernels():
@@ -196,11 +200,54 @@ VARIANTS = [  # (FP8, NT, MT, WARPS, DEPTH, BF16, GATED, HAS_BIAS): every value 
 def test_every_variant_compiles(sm):
     src = weight_mma._source()
     for i, (fp8, nt, mt, warps, depth, bf16, gated, bias) in enumerate(VARIANTS):
-        cubin = nvrtc.compile_cubin(src, weight_mma.KERNEL, sm, dict(FP8=fp8, NT=nt, MT=mt, WARPS=warps, DEPTH=depth,
-                                                                     BF16=bf16, GATED=gated, HAS_BIAS=bias,
-                                                                     OUT_F32=i % 2, EARLY=int(sm >= 90), VEC_X=int(i % 3 > 0),
-                                                                     SPLIT=(1, 2, 6, 8, 16)[i % 5]))
+        defines = dict(source_defines("fp8" if fp8 else "nvfp4", "bf16" if bf16 else "fp16"),
+                       FP8=fp8, NT=nt, MT=mt, WARPS=warps, DEPTH=depth, BF16=bf16, GATED=gated, HAS_BIAS=bias,
+                       OUT_F32=i % 2, EARLY=int(sm >= 90), VEC_X=int(i % 3 > 0), SPLIT=(1, 2, 6, 8, 16)[i % 5])
+        cubin = nvrtc.compile_cubin(src, weight_mma.KERNEL, sm, defines)
         assert cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_launch_defines_are_the_layouts_and_the_decodes(fmt, dtype):
+    """Every launch (the GPU's through NVRTC and the host build's: both compile ``plan_launch``'s defines) hands the
+    source the tile geometry of packing/layout.py, a step of one tile row of words, the staging of ``STAGING`` (the
+    shared memory it asks for matches it) and the decode constants the emulation tests above check exact."""
+    from anyfp4.formats.nvfp4 import GROUP_SIZE
+    from anyfp4.packing import fp8 as fp8_packing
+    from anyfp4.packing import layout
+    from anyfp4.packing import nvfp4 as nvfp4_packing
+
+    gen = torch.Generator().manual_seed(3)
+    if fmt == "nvfp4":
+        p = prepack_nvfp4(nvfp4_weight(200, 1040, gen, torch.tensor(1e-3), device="cpu"))
+        scales, gscale, k_per_word = p.scales, p.global_scale, nvfp4_packing.K_PER_WORD
+    else:
+        p = prepack_fp8(quantize_fp8(torch.randn(200, 1040, generator=gen)))
+        scales, gscale, k_per_word = None, p.scales, fp8_packing.K_PER_WORD
+    half = "bf16" if dtype == torch.bfloat16 else "fp16"
+    m = 5
+    plan = weight_mma.plan_launch(fmt, torch.zeros(m, 1040, dtype=dtype), p.codes, scales, gscale, None,
+                                  p.out_features, 0, MMAConfig(), None, None, stage_bytes=weight_mma.STAGE_BYTES,
+                                  early=False, counters=None)
+    d = plan.defines
+    assert {name: d[name] for name in source_defines(fmt, half)} == source_defines(fmt, half)
+    assert (d["TILE_ROWS"], d["TILE_WORDS"], d["TILE_BLOCKS"]) == (layout.TILE_ROWS, layout.TILE_WORDS,
+                                                                   layout.TILE_BLOCKS)
+    assert d["STEP"] == layout.TILE_WORDS * k_per_word == weight_mma.STEP_K[fmt]
+    if fmt == "nvfp4":  # a step's scale bytes cover its k
+        assert d["TILE_BLOCKS"] * GROUP_SIZE == d["STEP"]
+    # one step of a row block is one tile: TILE_ROWS x TILE_WORDS consecutive words
+    words_per_row = p.codes.shape[1]
+    assert layout.tiled_word_offset(0, layout.TILE_WORDS, words_per_row) == layout.TILE_ROWS * layout.TILE_WORDS
+    assert (d["X_T"], d["X_Q"], d["XS_PAD"]) == staged_layout(fmt)
+    kc = plan.args[-1]
+    assert plan.shared_bytes == m * (kc // 2 + d["XS_PAD"]) * 4
+    assert (d["FP8"], d["BF16"]) == (int(fmt == "fp8"), int(half == "bf16"))
+    scale, units = kernel_constants()
+    key = {("nvfp4", "fp16"): "fp16", ("nvfp4", "bf16"): "BF16", ("fp8", "fp16"): "FP8",
+           ("fp8", "bf16"): "FP8 && BF16"}[fmt, half]
+    assert d["UNIT"] == units[key] and (d["SCALE_MUL"], d["SCALE_ADD"]) == scale[half]
 
 
 def test_stage_k_fits_the_shared_memory_it_is_given():
@@ -225,15 +272,10 @@ def test_rounds_are_whole_passes_of_the_ring_on_every_supported_gpu():
 
 
 def staged_layout(fmt):
-    """X_T, X_Q, XS_PAD as the source defines them for ``fmt``."""
-    import re
-
-    src = weight_mma._source()
-    block = re.search(r"#if FP8\n#define STEP 64\n(.*?)#else\n#define STEP 128\n(.*?)#endif", src, re.S)
-    text = block.group(1 if fmt == "fp8" else 2)
-    values = dict(re.findall(r"#define (X_T|X_Q|XS_PAD) (\d+)", text))
-    assert set(values) == {"X_T", "X_Q", "XS_PAD"} and int(values["XS_PAD"]) == weight_mma.XS_PAD[fmt]
-    return int(values["X_T"]), int(values["X_Q"]), int(values["XS_PAD"])
+    """X_T, X_Q, XS_PAD as the kernel is compiled with them for ``fmt`` (``STAGING``, through ``source_defines``)."""
+    s = STAGING[fmt]
+    assert s.pad == weight_mma.XS_PAD[fmt]
+    return s.x_t, s.x_q, s.pad
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])

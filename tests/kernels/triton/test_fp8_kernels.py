@@ -21,7 +21,7 @@ def test_prepack_round_trip(per_channel):
 
 
 def test_words_are_stored_in_16_by_16_tiles():
-    from anyfp4.packing.nvfp4 import tiled_word_offset
+    from anyfp4.packing.layout import tiled_word_offset
 
     n, k = 40, 512
     w = random_fp8(n, k, torch.Generator().manual_seed(1), False, "cpu")

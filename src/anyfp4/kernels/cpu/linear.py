@@ -3,8 +3,8 @@
 The C source is compiled at first use by the system C compiler (``$CC``, else ``cc`` / ``gcc``) for this
 machine (``-march=native``) and cached under ``anyfp4``'s cache directory, keyed by the source, the flags,
 the compiler's version and the CPU; without a compiler the ops fall back to the pure-torch reference (with
-one warning). The layout reaches the C code as defines and strides computed here from the prepack modules'
-own constants and offset functions, so the prepack modules stay its only owner.
+one warning). The layout reaches the C code as defines and strides computed here from ``packing/layout.py``'s
+constants and offset functions and the formats' bit tables, so the packing modules stay its only owner.
 
 The output rows of a call are split between threads (``torch.get_num_threads()`` of them, at most one per
 CPU this process may run on); each thread runs the C function on its rows with the GIL released (ctypes).
@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 
 from ...packing.fp8 import BYTE_BITS, FP8Prepacked
-from ...packing.nvfp4 import CODE_BITS, TILE_ROWS, NVFP4Prepacked, tiled_scale_offset, tiled_word_offset
+from ...packing.layout import (TILE_BLOCKS, TILE_ROWS, TILE_WORDS, WORDS_PER_BLOCK, tiled_scale_offset,
+                               tiled_word_offset)
+from ...packing.nvfp4 import CODE_BITS, NVFP4Prepacked
 
 SOURCE = Path(__file__).with_name("weight_cpu.c")
-TILE_WORDS = 16  # words per row of a storage tile, both formats (NVFP4: 128 k, FP8: 64 k)
-SCALE_BLOCKS = TILE_WORDS // 2  # NVFP4 block scales per tile row (a block of 16 k spans two words)
 MIN_THREAD_WORK = 1 << 18  # multiply-adds below which another thread costs more than it saves (~20 us)
 _FLAGS = ("-O3", "-ffp-contract=fast", "-fno-math-errno", "-std=c11", "-shared", "-fPIC")
 _ARCH_FLAGS = (("-march=native",), ("-mcpu=native",))  # the first the compiler takes, else none
@@ -56,7 +56,8 @@ def _field_expression(bits: tuple[int, ...]) -> str:
 
 
 def _defines() -> list[str]:
-    defines = [f"-DTILE_ROWS={TILE_ROWS}", f"-DTILE_WORDS={TILE_WORDS}"]
+    defines = [f"-DTILE_ROWS={TILE_ROWS}", f"-DTILE_WORDS={TILE_WORDS}", f"-DTILE_BLOCKS={TILE_BLOCKS}",
+               f"-DWORDS_PER_BLOCK={WORDS_PER_BLOCK}"]
     defines += [f"-DNVFP4_CODE_{i}(w)={_field_expression(bits)}" for i, bits in enumerate(CODE_BITS)]
     defines += [f"-DFP8_MAGNITUDE_{i}(w)={_field_expression(bits[:7])}" for i, bits in enumerate(BYTE_BITS)]
     defines += [f"-DFP8_SIGN_{i}(w)={_field_expression(bits[7:])}" for i, bits in enumerate(BYTE_BITS)]
@@ -223,11 +224,11 @@ def _nvfp4_strides(words_per_row: int, blocks_per_row: int) -> tuple[torch.Tenso
     if any(tiled_word_offset(r, j, words_per_row) != r * TILE_WORDS + j for r in range(TILE_ROWS)
            for j in range(TILE_WORDS)):
         raise AssertionError("weight_cpu.c reads tile rows of TILE_WORDS consecutive words")
-    inside = torch.tensor([[tiled_scale_offset(r, b, blocks_per_row) for b in range(SCALE_BLOCKS)]
+    inside = torch.tensor([[tiled_scale_offset(r, b, blocks_per_row) for b in range(TILE_BLOCKS)]
                            for r in range(TILE_ROWS)], dtype=torch.int64)
     return (inside, tiled_word_offset(TILE_ROWS, 0, words_per_row), TILE_WORDS,
             tiled_word_offset(0, TILE_WORDS, words_per_row), tiled_scale_offset(TILE_ROWS, 0, blocks_per_row),
-            tiled_scale_offset(0, SCALE_BLOCKS, blocks_per_row))
+            tiled_scale_offset(0, TILE_BLOCKS, blocks_per_row))
 
 
 def nvfp4_rows(lib, x2: torch.Tensor, w: NVFP4Prepacked, row_starts: tuple[int, ...], global_scale: float | None):

@@ -1,8 +1,9 @@
 /* Weight-only NVFP4 / FP8 linears on the CPU, reading the GPU prepack as it is (no untiling per call).
 
    Built at first use by the system C compiler (kernels/cpu/linear.py), which passes the layout as defines
-   taken from the prepack modules, the one owner of the layout:
+   taken from packing/layout.py and the prepack modules, the owners of the layout:
      TILE_ROWS, TILE_WORDS     a storage tile: TILE_ROWS rows x TILE_WORDS int32 words, row-major inside
+     TILE_BLOCKS               NVFP4 block scales per tile row, WORDS_PER_BLOCK words each
      NVFP4_CODE_i(w)           for i = 0..7: code i of word w (magnitude bits 0..2, sign at bit 3)
      FP8_MAGNITUDE_i(w)        for i = 0..3: the 7 magnitude bits of E4M3 value i of word w
      FP8_SIGN_i(w)             its sign, at bit 0
@@ -20,8 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifndef TILE_ROWS
-#error "TILE_ROWS, TILE_WORDS, NVFP4_CODE_i and FP8_MAGNITUDE_i / FP8_SIGN_i come from kernels/cpu/linear.py"
+#if !defined(TILE_ROWS) || !defined(TILE_WORDS) || !defined(TILE_BLOCKS) || !defined(WORDS_PER_BLOCK)
+#error "the layout defines (TILE_ROWS, TILE_WORDS, TILE_BLOCKS, WORDS_PER_BLOCK, NVFP4_CODE_i, ...) come from linear.py"
 #endif
 
 static inline float as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -85,8 +86,8 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
            aligned 32-bit words that hold them (never past the tile) and shifted down */                     \
         int32_t lane_word[16], lane_shift[16];                                                              \
         for (int j = 0; j < 16; j++) {                                                                      \
-            lane_word[j] = (int32_t)(scale_inside[r * 8 + j / 2] >> 2);                                     \
-            lane_shift[j] = (int32_t)(scale_inside[r * 8 + j / 2] & 3) * 8;                                 \
+            lane_word[j] = (int32_t)(scale_inside[r * TILE_BLOCKS + j / WORDS_PER_BLOCK] >> 2);             \
+            lane_shift[j] = (int32_t)(scale_inside[r * TILE_BLOCKS + j / WORDS_PER_BLOCK] & 3) * 8;         \
         }                                                                                                   \
         const __m512i scale_index = _mm512_loadu_si512(lane_word);                                          \
         const __m512i scale_shift = _mm512_loadu_si512(lane_shift);                                         \
@@ -184,7 +185,7 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
             const uint8_t *s = srow + t * scale_tile;                                                       \
             float bs[TILE_WORDS];                                                                           \
             for (int j = 0; j < TILE_WORDS; j++)                                                            \
-                bs[j] = as_float((uint32_t)s[scale_inside[r * (TILE_WORDS / 2) + j / 2]] << 20);            \
+                bs[j] = as_float((uint32_t)s[scale_inside[r * TILE_BLOCKS + j / WORDS_PER_BLOCK]] << 20);   \
             for (int i = 0; i < 8; i++) {                                                                   \
                 float v[TILE_WORDS];                                                                        \
                 for (int j = 0; j < TILE_WORDS; j++) {                                                      \

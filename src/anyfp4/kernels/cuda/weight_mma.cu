@@ -2,11 +2,11 @@
 // weights (FP8 = 0) and FP8 E4M3 weights (FP8 = 1); activations fp16 or bf16.
 //
 // out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), or silu(gate) * up for a gated prepack.
-// NVFP4 prepack (nvfp4_prepack.py): codes in tiles of 16 rows x 128 k (256 words, row-major inside), each
+// NVFP4 prepack (packing/nvfp4.py): codes in tiles of 16 rows x 128 k (256 words, row-major inside), each
 // word holding the pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of its 8 codes (CODE_BITS there); scales in
 // the same tiles, 128 bytes ordered (row % 8, block / 2, row / 8, block % 2), each byte (e + 10) << 3 | m for
 // bs = 2^e (1 + m / 8) (SCALE_BYTE there; a zero scale's block has zero codes); one float32 global scale. FP8
-// prepack (fp8_prepack.py): the E4M3 values of k = 4j .. 4j + 3 in word j (bits placed by BYTE_BITS there),
+// prepack (packing/fp8.py): the E4M3 values of k = 4j .. 4j + 3 in word j (bits placed by BYTE_BITS there),
 // words in the same 16 x 16 tiles (64 k); one float32 scale per row.
 //
 // The weight is the mma's A operand (16 rows x 16 k), the activations its B operand (16 k x 8 columns, one
@@ -39,17 +39,19 @@
 // number of slices is halved, each half summed the same way, then the two halves added) and runs the
 // epilogue: one launch, no floating-point atomics, identical bits run after run.
 //
-// Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16
-// tiles per warp), WARPS, DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED,
-// HAS_BIAS, VEC_X (activation rows 16-byte aligned and K % 8 == 0: staged by cp.async), SPLIT (split-K slices,
-// = gridDim.y), OUT_F32 (float32 output, unrounded and before the global / row scale: a row-parallel rank's
-// share; plain prepacks without bias only), EARLY (a programmatic dependent
-// launch on sm_90: the block fills its ring of code words — weights, which no kernel writes — while the
-// previous kernel finishes, and waits for it (griddepcontrol.wait) before it reads the activations or writes
-// anything). The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
-// memory holds M * (kc / 2 + XS_PAD) words. Code words are loaded DEPTH steps ahead into a ring of registers,
-// across staging rounds. The main loop runs whole passes over the ring (DEPTH steps, no per-step bounds or
-// staging checks, the refills at fixed offsets), then a last partial pass.
+// Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16 tiles
+// per warp), WARPS, DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED, HAS_BIAS,
+// VEC_X (activation rows 16-byte aligned and K % 8 == 0: staged by cp.async), SPLIT (split-K slices, = gridDim.y),
+// OUT_F32 (float32 output, unrounded and before the global / row scale: a row-parallel rank's share; plain prepacks
+// without bias only), EARLY (a programmatic dependent launch on sm_90: the block fills its ring of code words —
+// weights, which no kernel writes — while the previous kernel finishes, and waits for it (griddepcontrol.wait)
+// before it reads the activations or writes anything); and the constants of the tile layout, the staging and the
+// decode (STEP, X_T, X_Q, XS_PAD, TILE_ROWS, TILE_WORDS, TILE_BLOCKS, SCALE_PERM_BASE, SCALE_PERM_STEP, SCALE_MUL,
+// SCALE_ADD, FP8_BF16_RESCALE, UNIT), which kernels/cuda/weight_mma_defines.py works out from packing/layout.py and
+// the formats. The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
+// memory holds M * (kc / 2 + XS_PAD) words. Code words are loaded DEPTH steps ahead into a ring of registers, across
+// staging rounds. The main loop runs whole passes over the ring (DEPTH steps, no per-step bounds or staging checks,
+// the refills at fixed offsets), then a last partial pass.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -57,22 +59,16 @@ typedef unsigned short u16;
 #define ROWS_PER_WARP (MT * 16)
 #define ROWS_PER_BLOCK (WARPS * ROWS_PER_WARP)
 #define TILES (GATED ? 2 * MT : MT)
-// Staged activations (u32 words: two halves each). A thread's B fragments for word q of a step lie at
-// t * X_T + q * X_Q from its row's step start; rows are kc / 2 + XS_PAD words apart. Both are chosen so that a
-// warp's fragment loads meet no bank conflict: NVFP4 (16-byte loads, a quarter warp = rows g, g + 1 x t = 0..3)
-// puts the four t of a word side by side and rows 16 words (mod 32) apart; FP8 (8-byte loads, a half warp =
-// rows g..g + 3 x t) keeps t 8 words apart and makes the row stride's half odd (rows 8-byte aligned).
-#if FP8
-#define STEP 64
-#define X_T 8
-#define X_Q 2
-#define XS_PAD 2
-#else
-#define STEP 128
-#define X_T 4
-#define X_Q 16
-#define XS_PAD 16
+// Staged activations (u32 words: two halves each): a thread's B fragments for word q of a step lie at
+// t * X_T + q * X_Q from its row's step start; rows are kc / 2 + XS_PAD words apart (no bank conflicts: see
+// weight_mma_defines.STAGING). STEP: the k of one step, one tile row of code words.
+#if !defined(STEP) || !defined(X_T) || !defined(X_Q) || !defined(XS_PAD) || !defined(TILE_ROWS) || \
+    !defined(TILE_WORDS) || !defined(TILE_BLOCKS) || !defined(UNIT)
+#error "the layout and decode constants come from kernels/cuda/weight_mma_defines.py (weight_mma.plan_launch)"
 #endif
+// A warp reads one code tile per step as 32 lanes x 16 bytes: lane (g, t) the words 4t .. 4t + 3 of rows g and
+// g + 8, and the four scale bytes of those rows' blocks 2t, 2t + 1 in one 32-bit load.
+static_assert(TILE_ROWS == 16 && TILE_WORDS == 16 && TILE_BLOCKS == 8, "the lane mapping reads 16 x 16-word tiles");
 
 // The PTX primitives: an f16x2 / bf16x2 multiply, the m16n8k16 mma, conversions, asynchronous copies. A host build of this file
 // (tests/support/host_cuda.h, which runs the kernel on a CPU) defines WEIGHT_MMA_HOST and brings its own.
@@ -142,7 +138,7 @@ __device__ __forceinline__ u16 float_to_out(float f) {
 extern __shared__ __align__(16) u32 xs[];  // [M][xs_stride], 8-groups permuted (see above)
 __shared__ int is_last;  // split-K: this block arrived last for its row tile
 
-// NVFP4 pair p (0..3: codes p and p + 4) of a prepacked word w -> two fp16/bf16 values (nvfp4_prepack.CODE_BITS:
+// NVFP4 pair p (0..3: codes p and p + 4) of a prepacked word w -> two fp16/bf16 values (packing/nvfp4.py's CODE_BITS:
 // pair 0's magnitudes at 4-6 and 20-22, signs at 13 and 29; pair 1's at 0-2 / 16-18, 9 / 25; pair 2's at
 // 26-28 / 10-12, 3 / 19; pair 3's magnitude bits 1-2 and signs already in place, bit 0 at 30 / 14).
 __device__ __forceinline__ u32 decode_pair_bf16(u32 w, int p) {
@@ -162,26 +158,23 @@ __device__ __forceinline__ u32 decode_pair(u32 w, int p) {
 }
 
 // Scale byte j (0..3) of the word s, a prepacked scale (e + 10) << 3 | m, in both halves: fp16 bs, or bf16
-// bs * 2^118, exactly. The byte permute gives (b | b << 16); shifted into the exponent field (fp16 << 7, bf16 << 4)
-// its exponent reads e + 10, and adding 5 (fp16, bias 15) or 235 (bf16, bias 127) to the field gives those values;
-// the field stays below 24 / 254. A zero byte gives 2^-10 / 2^108, but its block's codes are zero.
+// bs * 2^118, exactly. The byte permute gives (b | b << 16); shifted into the exponent field (SCALE_MUL: fp16
+// << 7, bf16 << 4) its exponent reads e + 10, and adding 5 (fp16, bias 15) or 235 (bf16, bias 127) to the field
+// (SCALE_ADD) gives those values; the field stays below 24 / 254. A zero byte gives 2^-10 / 2^108, but its
+// block's codes are zero.
 __device__ __forceinline__ u32 scale_pair(u32 s, int j) {
-    const u32 b = __byte_perm(s, 0u, 0x4040u | (0x0101u * j));
-#if BF16
-    return b * 16u + 0x75807580u;
-#else
-    return b * 128u + 0x14001400u;
-#endif
+    const u32 b = __byte_perm(s, 0u, (u32)SCALE_PERM_BASE | ((u32)SCALE_PERM_STEP * j));
+    return b * (u32)SCALE_MUL + (u32)SCALE_ADD;
 }
 
-// FP8 pair p of a prepacked word w (fp8_prepack.BYTE_BITS: pair 0 = values k0, k2, pair 1 = k1, k3) -> e4m3 * 2^-8
+// FP8 pair p of a prepacked word w (packing/fp8.py's BYTE_BITS: pair 0 = values k0, k2, pair 1 = k1, k3) -> e4m3 * 2^-8
 // (fp16) or e4m3 (bf16), exactly. bf16: pair 0 is stored with magnitudes at 4-10 and signs at 15 of each half
 // (e4m3 * 2^-120 as bf16 bits, subnormals included); pair 1 moves there with a shift and a rotation.
 __device__ __forceinline__ u32 decode_e4m3_pair(u32 w, int p) {
 #if BF16
     const u32 bits = p == 0 ? w & 0x87F087F0u
                             : ((w << 4) & 0x80F080F0u) | (__funnelshift_l(w, w, 12) & 0x07000700u);
-    return mul2(bits, 0x7B807B80u);  // * 2^120
+    return mul2(bits, (u32)FP8_BF16_RESCALE);  // * 2^120
 #else
     if (p == 0) return ((w << 3) & 0x3F803F80u) | (w & 0x80008000u);
     return ((w << 7) & 0x07800780u) | (__funnelshift_l(w, w, 15) & 0x38003800u) | ((w << 4) & 0x80008000u);
@@ -318,7 +311,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         sptr[a] = reinterpret_cast<const u32*>(scales + (long long)(rows[a] - g) * stride_s2) + lane;
 #endif
     }
-    const int W_STEP = 64, W_B = 32, S_STEP = 32;  // one 1 KiB code tile, 128 NVFP4 scale bytes per step
+    // in uint4 (codes) and u32 (scales): one 1 KiB code tile per step, row g + 8 half a tile on, 128 NVFP4 scale
+    // bytes per step
+    const int W_STEP = TILE_ROWS * TILE_WORDS / 4, W_B = TILE_ROWS / 2 * TILE_WORDS / 4;
+    const int S_STEP = TILE_ROWS * TILE_BLOCKS / 4;
 
     // Register ring of DEPTH steps: slot d holds step s0 + d; after its mmas it is refilled with step s0 + d + DEPTH.
     uint4 wa[DEPTH][TILES], wb[DEPTH][TILES];
@@ -509,16 +505,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         if (threadIdx.x == 0) counters[blockIdx.x] = 0;
     }
 
-    // The weight value in the mma is w * 2^-e (see above); the epilogue restores 2^e and the scale.
-#if FP8 && BF16
-    const float unit = 1.0f;
-#elif FP8
-    const float unit = 256.0f;  // 2^8
-#elif BF16
-    const float unit = 256.0f;  // 2^8
-#else
-    const float unit = 16384.0f;  // 2^14
-#endif
+    // The weight value in the mma is w * 2^-e (see above); the epilogue restores 2^e (UNIT: NVFP4 fp16 2^14, bf16
+    // 2^8; FP8 fp16 2^8, bf16 1) and the scale.
+    const float unit = (float)UNIT;
 #pragma unroll
     for (int a = 0; a < MT; ++a)
 #pragma unroll

@@ -3,11 +3,12 @@ run time by NVRTC) for NVFP4 and FP8 prepacks: weights decoded in registers stra
 ``mma.sync`` m16n8k16, so nothing but the activations goes through shared memory. The source file explains
 the decode and the split-K; this module holds launch configurations and the launchers.
 
-It reads the same prepacks as the Triton kernels (``nvfp4_prepack``, ``fp8_prepack``), which stay the
-portable path for sm_70/75 and wherever NVRTC is missing; ``ANYFP4_KERNELS=triton`` forces them.
+It reads the same prepacks as the Triton kernels (``packing/nvfp4.py``, ``packing/fp8.py``), which stay the
+portable path for sm_70/75 and wherever NVRTC is missing; ``ANYFP4_KERNELS=triton`` forces them. The source's
+layout and decode constants come from ``weight_mma_defines``, with every launch's defines.
 
-Split-K blocks meet through per-device arrival counters (``reserve_counters``), reserved when a prepack
-is made on a GPU so that CUDA-graph capture never allocates; kernels sharing them must run on one
+Split-K blocks meet through per-device arrival counters (``counters.reserve_counters``), reserved when a layer
+makes its prepack on a GPU so that CUDA-graph capture never allocates; kernels sharing them must run on one
 stream at a time (as a model's layers do).
 """
 
@@ -23,9 +24,10 @@ from ...dispatch.configs import MMAConfig
 from ...dispatch.limits import DECODE_ROWS
 from ..device import device_arch
 from . import nvrtc
+from .counters import COUNTER_SLOTS, reserve_counters
+from .weight_mma_defines import K_PER_WORD, STEP_K, XS_PAD, source_defines
 
 MIN_SM = 80
-STEP_K = {"nvfp4": 128, "fp8": 64}  # k per main-loop step
 KERNEL = "anyfp4_weight_mma"
 
 
@@ -48,9 +50,6 @@ def rows_per_block(c: MMAConfig) -> int:
 STAGE_BYTES = 128 * 1024
 
 
-XS_PAD = {"nvfp4": 16, "fp8": 2}  # words per staged row beyond kc / 2 (the source's XS_PAD: no bank conflicts)
-
-
 def stage_bytes_for(m: int, kc: int, fmt: str = "nvfp4") -> int:
     """Dynamic shared memory of a block staging ``kc`` k of ``m`` activation rows."""
     return m * (kc // 2 + XS_PAD[fmt]) * 4
@@ -65,22 +64,6 @@ def stage_k(m: int, stage_bytes: int | None = None, least: int = 128, fmt: str =
     while kc > least and stage_bytes_for(m, kc, fmt) > cap:
         kc //= 2
     return kc
-
-
-_COUNTERS: dict[int, torch.Tensor] = {}
-COUNTER_SLOTS = 1 << 16
-
-
-def reserve_counters(device: torch.device) -> torch.Tensor:
-    """The per-device split-K arrival counters (every kernel leaves them at zero)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    buf = _COUNTERS.get(index)
-    if buf is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("anyfp4: split-K counters must be reserved before CUDA-graph capture; run the model "
-                               "once eagerly or call anyfp4.kernels.cuda.weight_mma.reserve_counters(device) first")
-        buf = _COUNTERS[index] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=torch.device("cuda", index))
-    return buf
 
 
 def early_launch(device: int) -> bool:
@@ -107,8 +90,9 @@ def enabled(sm: int) -> bool:
 
 @dataclass
 class Launch:
-    """One kernel launch, worked out from the tensors: the source's compile-time defines, grid, block threads,
-    dynamic shared memory, and the kernel's arguments in order (tensors, then integers)."""
+    """One kernel launch, worked out from the tensors: the source's compile-time defines (``source_defines``'s and
+    the launch's own), grid, block threads, dynamic shared memory, and the kernel's arguments in order (tensors,
+    then integers)."""
     defines: dict
     grid: tuple
     threads: int
@@ -130,7 +114,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
         raise ValueError("x must be fp16/bf16 with a contiguous last dimension")
     c = config
     rows_total = codes.shape[0]
-    k_pad = codes.shape[1] * (8 if fmt == "nvfp4" else 4)
+    k_pad = codes.shape[1] * K_PER_WORD[fmt]
     block_rows = rows_per_block(c)
     grid_x = -(-n_rows // block_rows)
     if grid_x * block_rows > (up_offset or rows_total):
@@ -148,8 +132,10 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     if stage_bytes_for(m, kc, fmt) > stage_bytes:
         raise ValueError(f"depth {c.depth} needs {stage_bytes_for(m, kc, fmt)} bytes of shared memory for {m} rows, "
                          f"more than the {stage_bytes} this GPU gives a block")
-    defines = dict(EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
-                   NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth, BF16=int(x.dtype == torch.bfloat16),
+    bf16 = x.dtype == torch.bfloat16
+    defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"),
+                   EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
+                   NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth, BF16=int(bf16),
                    GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None),
                    VEC_X=int(x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0))  # cp.async staging
     if out is None:

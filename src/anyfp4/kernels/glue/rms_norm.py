@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ...env import triton_interpret
-from ..triton.nvfp4_dequant import round_to_output
+from ..triton.common import round_to_output
 
 
 @triton.jit

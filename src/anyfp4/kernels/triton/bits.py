@@ -1,26 +1,49 @@
 """Integer bit decoding shared by every kernel (no FP4/FP8 conversion instructions, so it compiles
-for sm_70 .. sm_90). Each helper is exact; ``formats/`` holds the reference it is tested against."""
+for sm_70 .. sm_90). Each helper is exact; ``formats/`` holds the reference it is tested against.
+The tile geometry is ``packing/layout.py``'s, as constexpr globals (shifts and masks: its sizes are
+powers of two)."""
 
 import triton
 import triton.language as tl
 
+from ...packing import layout
+
+
+def _log2(v: int) -> int:
+    if v <= 0 or v & (v - 1):
+        raise ValueError(f"the Triton offsets need power-of-two tile sizes, got {v}")
+    return v.bit_length() - 1
+
+
+TILE_ROWS = tl.constexpr(layout.TILE_ROWS)
+TILE_WORDS = tl.constexpr(layout.TILE_WORDS)
+TILE_BLOCKS = tl.constexpr(layout.TILE_BLOCKS)
+TILE_HALF_ROWS = tl.constexpr(layout.TILE_HALF_ROWS)
+_ROW_SHIFT = tl.constexpr(_log2(layout.TILE_ROWS))
+_WORD_SHIFT = tl.constexpr(_log2(layout.TILE_WORDS))
+_BLOCK_SHIFT = tl.constexpr(_log2(layout.TILE_BLOCKS))
+_HALF_SHIFT = tl.constexpr(_log2(layout.TILE_HALF_ROWS))
+
 
 @triton.jit
 def tiled_word_offset(rows, words, words_per_row):
-    """``nvfp4_prepack.tiled_word_offset`` for a (rows, words) grid: where word ``words`` (k // 8; FP8 k // 4)
-    of row ``rows`` is stored. ``words`` must run along the last axis from a multiple of 16 in steps of one,
-    16 or more of them: each run of 16 is then contiguous and 16-aligned, which the hints tell the compiler
-    (so it keeps 16-byte loads)."""
-    off = (rows >> 4) * (16 * words_per_row) + (words >> 4) * 256 + (rows & 15) * 16 + (words & 15)
-    tl.static_assert(off.shape[1] % 16 == 0, "tiled code words are read 16 or more at a time")
-    return tl.max_contiguous(tl.multiple_of(off, (1, 16)), (1, 16))
+    """``layout.tiled_word_offset`` for a (rows, words) grid: where word ``words`` (k // 8; FP8 k // 4) of row
+    ``rows`` is stored. ``words`` must run along the last axis from a multiple of TILE_WORDS in steps of one,
+    TILE_WORDS or more of them: each run is then contiguous and aligned, which the hints tell the compiler (so it
+    keeps 16-byte loads)."""
+    off = ((rows >> _ROW_SHIFT) * (TILE_ROWS * words_per_row) + (words >> _WORD_SHIFT) * (TILE_ROWS * TILE_WORDS)
+           + (rows & (TILE_ROWS - 1)) * TILE_WORDS + (words & (TILE_WORDS - 1)))
+    tl.static_assert(off.shape[1] % TILE_WORDS == 0, "tiled code words are read a tile row or more at a time")
+    return tl.max_contiguous(tl.multiple_of(off, (1, TILE_WORDS)), (1, TILE_WORDS))
 
 
 @triton.jit
 def tiled_scale_offset(rows, blocks, blocks_per_row):
-    """``nvfp4_prepack.tiled_scale_offset``: where block scale ``blocks`` (k // 16) of row ``rows`` is stored."""
-    inside = (rows & 7) * 16 + ((blocks & 7) >> 1) * 4 + ((rows & 15) >> 3) * 2 + (blocks & 1)
-    return (rows >> 4) * (16 * blocks_per_row) + (blocks >> 3) * 128 + inside
+    """``layout.tiled_scale_offset``: where block scale ``blocks`` (k // 16) of row ``rows`` is stored."""
+    inside = ((rows & (TILE_HALF_ROWS - 1)) * (2 * TILE_BLOCKS) + ((blocks & (TILE_BLOCKS - 1)) >> 1) * 4
+              + ((rows & (TILE_ROWS - 1)) >> _HALF_SHIFT) * 2 + (blocks & 1))
+    return ((rows >> _ROW_SHIFT) * (TILE_ROWS * blocks_per_row) + (blocks >> _BLOCK_SHIFT) * (TILE_ROWS * TILE_BLOCKS)
+            + inside)
 
 
 @triton.jit
@@ -57,7 +80,7 @@ def _code_fp16(words, m0: tl.constexpr, m1: tl.constexpr, m2: tl.constexpr, sign
 @triton.jit
 def e2m1_fp16_at(words, i: tl.constexpr):
     """Code ``i`` (0..7, checkpoint order) of prepacked words -> fp16 ``e2m1 * 2^-14`` (subnormal 0.5
-    included): its bits gathered from where ``nvfp4_prepack.CODE_BITS`` puts them (the positions below are
+    included): its bits gathered from where ``packing.nvfp4.CODE_BITS`` puts them (the positions below are
     that table's; the kernels' reference tests fail if the two part)."""
     if i == 0:
         bits = _code_fp16(words, 4, 5, 6, 13)
@@ -90,7 +113,7 @@ def decode_words_fp16(words, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def block_scale_fp16(b):
-    """Prepacked block-scale bytes (``nvfp4_prepack.SCALE_BYTE``: ``(e + 10) << 3 | m``) -> fp16 ``bs * 2^-5``,
+    """Prepacked block-scale bytes (``packing.nvfp4.SCALE_BYTE``: ``(e + 10) << 3 | m``) -> fp16 ``bs * 2^-5``,
     exactly (a normal fp16 for every non-zero scale; 0 for zero)."""
     return (b.to(tl.int16) << 7).to(tl.float16, bitcast=True)
 
@@ -98,7 +121,7 @@ def block_scale_fp16(b):
 @triton.jit
 def fp8_fp16_at(words, i: tl.constexpr):
     """Value ``i`` (0..3, k = 4j + i) of FP8 prepacked words -> fp16 ``e4m3 * 2^-8`` (finite values, subnormals
-    included): its magnitude moved to fp16 bits 7-13 and its sign to 15 from where ``fp8_prepack.BYTE_BITS``
+    included): its magnitude moved to fp16 bits 7-13 and its sign to 15 from where ``packing.fp8.BYTE_BITS``
     puts them. Arithmetic shifts of int32 are harmless: every mask lies below the copied sign bits."""
     if i == 0:  # magnitude 4-10, sign 15
         bits = ((words << 3) & 0x3F80) | (words & 0x8000)
@@ -114,7 +137,7 @@ def fp8_fp16_at(words, i: tl.constexpr):
 @triton.jit
 def fp8_checkpoint_words(words):
     """FP8 prepacked words -> checkpoint-order words (value i of k = 4j + i as E4M3 bits 8i .. 8i + 7): the inverse
-    of ``fp8_prepack.BYTE_BITS`` (whose positions these are)."""
+    of ``packing.fp8.BYTE_BITS`` (whose positions these are)."""
     v0 = _bits_to(words, 4, 0, 7) | _bits_to(words, 15, 7, 1)
     v1 = _bits_to(words, 0, 8, 4) | _bits_to(words, 28, 12, 3) | _bits_to(words, 11, 15, 1)
     v2 = _bits_to(words, 20, 16, 7) | _bits_to(words, 31, 23, 1)

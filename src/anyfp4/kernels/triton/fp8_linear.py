@@ -1,8 +1,8 @@
 """FP8 (E4M3) weight-only linear on the GPU: an M = 1 GEMV kernel, and dequantize + cuBLAS otherwise, reading
-the prepack of ``fp8_prepack`` (its layout and ``BYTE_BITS`` are described there); and the prepack written back as
+the prepack of ``packing.fp8`` (its layout and ``BYTE_BITS`` are described there); and the prepack written back as
 plain E4M3 bytes for the W8A8 prefill (``fp8_w8a8``).
 
-Decoding in the Triton kernels is integer bit arithmetic (``bit_decode.fp8_fp16_at``): each
+Decoding in the Triton kernels is integer bit arithmetic (``bits.fp8_fp16_at``): each
 value's magnitude at fp16 bits 7-13 and sign at 15 is exactly ``e4m3 * 2^-8``, widened to float32;
 the epilogue multiplies by ``scale[n] * 2^8``.
 """
@@ -14,9 +14,9 @@ import triton
 import triton.language as tl
 
 from ...env import triton_interpret
-from .bits import fp8_checkpoint_words, fp8_fp16_at, tiled_word_offset
 from ...packing.fp8 import FP8Prepacked
-from .nvfp4_dequant import round_to_output, workspace
+from .bits import fp8_checkpoint_words, fp8_fp16_at, tiled_word_offset
+from .common import round_to_output, workspace
 
 
 @triton.jit

@@ -2,22 +2,22 @@
 gated variant ``silu(x @ Wg^T) * (x @ Wu^T)`` with gate and up stacked along N in one prepack.
 
 Anatomy: configuration (``DecodeConfig``), ``@triton.jit`` kernels, launcher (check, allocate,
-launch). Weights come from ``nvfp4_prepack.NVFP4Prepacked``.
+launch). Weights come from ``packing.nvfp4.NVFP4Prepacked``.
 
 How a weight tile is decoded, all in integer bit arithmetic (no FP4/FP8 conversion
 instructions, so the same source compiles for sm_70 .. sm_90):
 
-- a 32-bit word holds 8 E2M1 codes (``nvfp4_prepack.CODE_BITS``); magnitude at bits 9-11 and
+- a 32-bit word holds 8 E2M1 codes (``packing.nvfp4.CODE_BITS``); magnitude at bits 9-11 and
   sign at bit 15, read as fp16 bits, is exactly ``e2m1(c) * 2^-14`` (subnormal 0.5 included);
-- a prepacked block-scale byte ``b`` (``nvfp4_prepack.SCALE_BYTE``): ``(b << 7)`` read as fp16 bits
+- a prepacked block-scale byte ``b`` (``packing.nvfp4.SCALE_BYTE``): ``(b << 7)`` read as fp16 bits
   is exactly ``bs * 2^-5``, times 32 gives ``bs``;
 - ``e2m1 * bs * 2^-14`` is exact in fp16 (at most 6 significant bits, within [2^-24, 0.17]),
   so the tensor-core dot of that tile with the activations is exact up to fp32 accumulation;
   the output is multiplied once by ``global_scale * 2^14``.
 
 Split-K: program (n-tile, s) accumulates K-slice ``s``. With ``split_k > 1`` the fp32 partial
-sums go to a workspace and a second kernel adds them in the fixed order s = 0, 1, ... — no
-atomics, so identical inputs give identical bits.
+sums go to a workspace and a second kernel (``nvfp4_epilogue.splitk_reduce_kernel``) adds them in
+the fixed order s = 0, 1, ... — no atomics, so identical inputs give identical bits.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import triton.language as tl
 
 from ...dispatch.configs import DecodeConfig, FusedConfig
 from ...env import triton_interpret
-from .bits import block_scale_fp16, decode_words_fp16, tiled_scale_offset, tiled_word_offset
-from .nvfp4_dequant import round_to_output
 from ...packing.nvfp4 import NVFP4Prepacked
+from .bits import block_scale_fp16, decode_words_fp16, tiled_scale_offset, tiled_word_offset
+from .nvfp4_epilogue import epilogue, splitk_reduce_kernel
 
 ACT_PACK_GROUP = 16  # block-packed activations: [K_pad / 16][rows][16]
 
@@ -67,21 +67,6 @@ def _dot(x, w, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(acc, acc_up, offs_m, offs_n, M, N_OUT, gscale_ptr, bias_ptr, out_ptr, stride_om,
-              HAS_BIAS: tl.constexpr, GATED: tl.constexpr, INTERPRET: tl.constexpr):
-    g = tl.load(gscale_ptr) * 16384.0  # global scale * 2^14
-    y = acc * g
-    if GATED:
-        u = acc_up * g
-        y = y / (1.0 + tl.exp(-y)) * u
-    elif HAS_BIAS:
-        y = y + tl.load(bias_ptr + offs_n, mask=offs_n < N_OUT, other=0.0).to(tl.float32)[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N_OUT)
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
-             round_to_output(y, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
-
-
-@triton.jit
 def nvfp4_decode_kernel(
     # pointers
     x_ptr, codes_ptr, scales_ptr, gscale_ptr, bias_ptr, out_ptr, partial_ptr,
@@ -113,8 +98,8 @@ def nvfp4_decode_kernel(
                                      BLOCK_N, BLOCK_K)
             acc_up += _dot(x, wu, INTERPRET)
     if not USE_PARTIAL:
-        _epilogue(acc, acc_up, offs_m, offs_n, M, N_OUT, gscale_ptr, bias_ptr, out_ptr, stride_om, HAS_BIAS, GATED,
-                  INTERPRET)
+        epilogue(acc, acc_up, offs_m, offs_n, M, N_OUT, gscale_ptr, bias_ptr, out_ptr, stride_om, HAS_BIAS, GATED,
+                 INTERPRET)
     else:
         width = N_OUT * (2 if GATED else 1)
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N_OUT)
@@ -122,26 +107,6 @@ def nvfp4_decode_kernel(
         tl.store(base, acc, mask=mask)
         if GATED:
             tl.store(base + N_OUT, acc_up, mask=mask)
-
-
-@triton.jit
-def splitk_reduce_kernel(partial_ptr, gscale_ptr, bias_ptr, out_ptr, M, N_OUT, stride_om, SPLIT_K,
-                         BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         GATED: tl.constexpr, INTERPRET: tl.constexpr):
-    """Sum the SPLIT_K fp32 partials of each output in the fixed order 0..SPLIT_K-1, then the epilogue."""
-    m = tl.program_id(1)
-    offs_n = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    mask = offs_n < N_OUT
-    width = N_OUT * (2 if GATED else 1)
-    acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for s in range(0, SPLIT_K):
-        row = partial_ptr + s * M * width + m * width
-        acc += tl.load(row + offs_n, mask=mask, other=0.0)
-        if GATED:
-            acc_up += tl.load(row + N_OUT + offs_n, mask=mask, other=0.0)
-    _epilogue(acc[None, :], acc_up[None, :], tl.zeros((1,), dtype=tl.int32) + m, offs_n, M, N_OUT, gscale_ptr,
-              bias_ptr, out_ptr, stride_om, HAS_BIAS, GATED, INTERPRET)
 
 
 @triton.jit

@@ -4,8 +4,8 @@ The dequantized value is ``(e2m1 * block_scale) * global_scale`` computed in flo
 product is exact, the second is one rounding) and rounded once to the output dtype — bit for bit
 ``formats.nvfp4.dequantize_nvfp4(...).to(dtype)``.
 
-The dense weight lives in one workspace per (device, dtype), grown to the largest layer seen
-and reused by every call, so prefill never holds more than one layer's dense copy.
+The dense weight lives in the shared workspace (``common.workspace``), grown to the largest layer
+seen and reused by every call, so prefill never holds more than one layer's dense copy.
 """
 
 from __future__ import annotations
@@ -15,19 +15,9 @@ import triton
 import triton.language as tl
 
 from ...env import triton_interpret
-from .bits import block_scale_fp16, decode_words_fp16, tiled_scale_offset, tiled_word_offset
 from ...packing.nvfp4 import NVFP4Prepacked
-
-
-@triton.jit
-def round_to_output(y, out_dtype: tl.constexpr, INTERPRET: tl.constexpr):
-    """float32 -> fp16/bf16, round-to-nearest-even. The CPU interpreter's own bf16 cast does not
-    round to nearest even, so there the rounding is done on the bits (finite values only)."""
-    if INTERPRET and out_dtype == tl.bfloat16:
-        bits = y.to(tl.int32, bitcast=True)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        return rounded.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return y.to(out_dtype)
+from .bits import block_scale_fp16, decode_words_fp16, tiled_scale_offset, tiled_word_offset
+from .common import round_to_output, workspace
 
 
 @triton.jit
@@ -53,19 +43,6 @@ def nvfp4_dequant_kernel(
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
     tl.store(out_ptr + offs_n[:, None] * stride_on + offs_k[None, :], round_to_output(y, out_ptr.dtype.element_ty, INTERPRET),
              mask=mask)
-
-
-_WORKSPACE: dict[tuple, torch.Tensor] = {}
-
-
-def workspace(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A reused flat buffer of at least ``numel`` elements (grown, never shrunk)."""
-    key = (device, dtype)
-    buf = _WORKSPACE.get(key)
-    if buf is None or buf.numel() < numel:
-        buf = torch.empty(numel, dtype=dtype, device=device)
-        _WORKSPACE[key] = buf
-    return buf[:numel]
 
 
 def nvfp4_dequantize(w: NVFP4Prepacked, dtype: torch.dtype, out: torch.Tensor | None = None,

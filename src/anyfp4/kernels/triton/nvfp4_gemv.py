@@ -2,7 +2,7 @@
 plain (+ bias) or gated (``silu(gate) * up``).
 
 Anatomy: ``@triton.jit`` kernel, launcher. Same prepack and split-K reduction as
-``nvfp4_decode`` (whose epilogue and fixed-order reduce kernel this reuses), but no tensor cores:
+``nvfp4_decode`` (and its epilogue and fixed-order reduce kernel, ``nvfp4_epilogue``), but no tensor cores:
 each program owns a few rows and a long K range, loads the code words of a row 16 bytes at a
 time, and for each of the 8 code positions decodes a whole word tile with integer bit
 arithmetic and multiply-adds it with the matching activations in float32. Everything stays in
@@ -10,7 +10,7 @@ the layout of the loaded words (no shared-memory round trip), which is what make
 than the tensor-core kernel at M = 1 (benchmarks/NOTES.md).
 
 Per 16-element block the partial sum is multiplied by the block scale once: the prepacked
-scale byte ``b`` (``nvfp4_prepack.SCALE_BYTE``) shifted to ``b << 20`` is, as float32 bits,
+scale byte ``b`` (``packing.nvfp4.SCALE_BYTE``) shifted to ``b << 20`` is, as float32 bits,
 exactly ``bs * 2^-117`` (a normal float32, or 0), and ``* 2^117`` restores ``bs``. E2M1 codes decode to fp16 bits
 (magnitude at 9-11, sign at 15) = ``e2m1 * 2^-14`` exactly, widened to float32; the
 epilogue multiplies by ``global_scale * 2^14``.
@@ -22,11 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ...env import triton_interpret
-from .bits import e2m1_fp16_at, tiled_scale_offset, tiled_word_offset
 from ...dispatch.configs import DecodeConfig
-from .nvfp4_decode import _epilogue, splitk_reduce_kernel
+from ...env import triton_interpret
 from ...packing.nvfp4 import NVFP4Prepacked
+from .bits import e2m1_fp16_at, tiled_scale_offset, tiled_word_offset
+from .nvfp4_epilogue import epilogue, splitk_reduce_kernel
 
 
 @triton.jit
@@ -72,8 +72,8 @@ def nvfp4_gemv_kernel(
             acc_up += _row_tile_dot(x_ptr, codes_ptr, scales_ptr, rows + UP_OFFSET, t, j, K, stride_c,
                                     stride_s, BLOCK_K)
     if not USE_PARTIAL:
-        _epilogue(acc[None, :], acc_up[None, :], tl.zeros((1,), dtype=tl.int32), rows, 1, N_OUT, gscale_ptr,
-                  bias_ptr, out_ptr, N_OUT, HAS_BIAS, GATED, INTERPRET)
+        epilogue(acc[None, :], acc_up[None, :], tl.zeros((1,), dtype=tl.int32), rows, 1, N_OUT, gscale_ptr,
+                 bias_ptr, out_ptr, N_OUT, HAS_BIAS, GATED, INTERPRET)
     else:
         width = N_OUT * (2 if GATED else 1)
         mask = rows < N_OUT
