@@ -4,7 +4,7 @@ dtype as torch's add rounds it, then ``norm(h)``; both returned). One launch ins
 kernels; and each row's sum of squares is reduced in the same order whatever the number of rows,
 so a row's output does not depend on how many rows share the call (a decode step and a
 speculative verify pass give the same bits for the same token). The pure-torch definition is
-``glue_reference.rms_norm_reference``.
+``glue.reference.rms_norm_reference``.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def rope_cache_kernel(
 
 
 def rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos, q_out=None):
-    """The launch of ``rope_cache_kernel`` (shapes as ``glue_reference.rope_cache_reference``; last dims contiguous)."""
+    """The launch of ``rope_cache_kernel`` (shapes as ``glue.reference.rope_cache_reference``; last dims contiguous)."""
     b, t, h, hd = q.shape
     kvh = k.shape[2]
     if hd % 2 or any(x.stride(-1) != 1 for x in (q, k, v, cos, sin, k_cache, v_cache)) or cos.stride() != sin.stride():
