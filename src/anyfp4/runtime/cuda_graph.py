@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..dispatch.limits import DECODE_ROWS
 from .model import Transformer
 
 
@@ -70,8 +71,8 @@ class GraphedDecodeStep:
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, input_pos: torch.Tensor, rope_pos: torch.Tensor | None = None,
                  key_valid: torch.Tensor | None = None) -> torch.Tensor:
-        if tokens.shape[1] > 32:
-            raise ValueError(f"a graphed step takes at most 32 tokens per row, got {tokens.shape[1]}")
+        if tokens.shape[1] > DECODE_ROWS:
+            raise ValueError(f"a graphed step takes at most {DECODE_ROWS} tokens per row, got {tokens.shape[1]}")
         key = (tuple(tokens.shape), rope_pos is not None, key_valid is not None,
                None if key_valid is None else tuple(key_valid.shape))
         if not self._same_caches():

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...dispatch.limits import DECODE_ROWS
 from ...env import triton_interpret
 
 ROWS = 16  # query rows per program (the tensor-core M)
@@ -137,7 +138,7 @@ def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     (b, 1, t, S) bool, input_pos (t,) ascending cache slots of the t rows -> (b, t, h, hd) in q's dtype."""
     b, h, t, hd = q.shape
     kvh, cache_len = k.shape[1], k.shape[2]
-    if h % kvh or t > 32 or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+    if h % kvh or t > DECODE_ROWS or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError(f"small_attention: unsupported shapes/strides q {tuple(q.shape)} k {tuple(k.shape)}")
     g = h // kvh
     m = mask

@@ -1,5 +1,5 @@
-"""Helpers every Triton kernel family shares: the one rounding of a float32 result to the output dtype, and the
-reused workspace the prefill paths dequantize into."""
+"""Helpers every Triton kernel family shares: the one rounding of a float32 result to the output dtype, the reused
+workspace the prefill paths dequantize into, and the prefill that multiplies that dense copy with cuBLAS."""
 
 from __future__ import annotations
 
@@ -31,3 +31,22 @@ def workspace(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Ten
         buf = torch.empty(numel, dtype=dtype, device=device)
         _WORKSPACE[key] = buf
     return buf[:numel]
+
+
+def dequantize_matmul(x: torch.Tensor, w, bias: torch.Tensor | None, out_dtype: torch.dtype | None,
+                      dequantize) -> torch.Tensor:
+    """Prefill of either format: ``dequantize(w, dtype, dense, row0=...)`` writes the weight's rows into the shared
+    workspace, then ``torch.matmul`` (cuBLAS); gated prepacks fuse ``silu(gate) * up`` after the two products.
+    ``out_dtype=float32`` (plain prepacks, no bias): cuBLAS writes its float32 sums unrounded."""
+    n, k = w.out_features, w.in_features
+    dense = workspace(n * k, x.dtype, x.device).view(n, k)
+    dequantize(w, x.dtype, dense)
+    if out_dtype is not None and out_dtype != x.dtype:
+        if w.gated or bias is not None:
+            raise ValueError("a float32 prefill output is for plain prepacks without bias")
+        return torch.mm(x, dense.t(), out_dtype=out_dtype)
+    y = torch.matmul(x, dense.t())
+    if not w.gated:
+        return y + bias if bias is not None else y
+    dequantize(w, x.dtype, dense, row0=w.up_offset)  # stream-ordered after the first matmul
+    return torch.nn.functional.silu(y) * torch.matmul(x, dense.t())

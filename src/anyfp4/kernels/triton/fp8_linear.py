@@ -16,7 +16,7 @@ import triton.language as tl
 from ...env import triton_interpret
 from ...packing.fp8 import FP8Prepacked
 from .bits import fp8_checkpoint_words, fp8_fp16_at, tiled_word_offset
-from .common import round_to_output, workspace
+from .common import dequantize_matmul, round_to_output, workspace
 
 
 @triton.jit
@@ -127,15 +127,4 @@ def fp8_matmul(x: torch.Tensor, w: FP8Prepacked, bias: torch.Tensor | None,
                out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """M > 1: dequantize into the shared workspace, then cuBLAS; gated prepacks fuse SiLU * up.
     ``out_dtype=float32`` (plain prepacks, no bias): cuBLAS writes its float32 sums unrounded."""
-    n, k = w.out_features, w.in_features
-    dense = workspace(n * k, x.dtype, x.device).view(n, k)
-    fp8_dequantize(w, x.dtype, dense)
-    if out_dtype is not None and out_dtype != x.dtype:
-        if w.gated or bias is not None:
-            raise ValueError("a float32 output is for plain prepacks without bias")
-        return torch.mm(x, dense.t(), out_dtype=out_dtype)
-    y = torch.matmul(x, dense.t())
-    if not w.gated:
-        return y + bias if bias is not None else y
-    fp8_dequantize(w, x.dtype, dense, row0=w.up_offset)
-    return torch.nn.functional.silu(y) * torch.matmul(x, dense.t())
+    return dequantize_matmul(x, w, bias, out_dtype, fp8_dequantize)

@@ -17,7 +17,7 @@ import triton.language as tl
 from ...env import triton_interpret
 from ...packing.nvfp4 import NVFP4Prepacked
 from .bits import block_scale_fp16, decode_words_fp16, tiled_scale_offset, tiled_word_offset
-from .common import round_to_output, workspace
+from .common import dequantize_matmul, round_to_output
 
 
 @triton.jit
@@ -64,15 +64,4 @@ def nvfp4_prefill_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | 
     """Dequantize into the shared workspace, then ``torch.matmul`` (cuBLAS); gated prepacks fuse
     ``silu(gate) * up`` after the two products. ``out_dtype=float32`` (plain prepacks, no bias): cuBLAS
     writes its float32 sums unrounded."""
-    n, k = w.out_features, w.in_features
-    dense = workspace(n * k, x.dtype, x.device).view(n, k)
-    nvfp4_dequantize(w, x.dtype, dense)
-    if out_dtype is not None and out_dtype != x.dtype:
-        if w.gated or bias is not None:
-            raise ValueError("a float32 prefill output is for plain prepacks without bias")
-        return torch.mm(x, dense.t(), out_dtype=out_dtype)
-    y = torch.matmul(x, dense.t())
-    if not w.gated:
-        return y + bias if bias is not None else y
-    nvfp4_dequantize(w, x.dtype, dense, row0=w.up_offset)  # stream-ordered after the first matmul
-    return torch.nn.functional.silu(y) * torch.matmul(x, dense.t())
+    return dequantize_matmul(x, w, bias, out_dtype, nvfp4_dequantize)
