@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 CAUGHT = (signal.SIGINT, signal.SIGTERM)
 
@@ -38,6 +38,33 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _run_all(steps: list[Callable[[], object]]) -> None:
+    """Run every step, also after one raised; the last exception propagates (the earlier ones as its context)."""
+    if steps:
+        try:
+            steps[0]()
+        finally:
+            _run_all(steps[1:])
+
+
+def _restore(previous: dict) -> None:
+    """Set each signal's handler back to ``previous``'s (a handler that was installed from C reads back as None
+    and is restored as the default). ``signal.signal`` first runs the handler of a signal that has just come and
+    sets nothing when that handler raises: the setting is tried again, so that every handler is back before the
+    first such exception propagates. (signal.signal's own errors cannot happen here: each handler was read from
+    it in this, the main, thread.)"""
+    raised = None
+    for signum, old in previous.items():
+        while True:
+            try:
+                signal.signal(signum, signal.SIG_DFL if old is None else old)
+                break
+            except BaseException as e:
+                raised = raised or e
+    if raised is not None:
+        raise raised
+
+
 @contextmanager
 def handlers(signums, handler) -> Iterator[None]:
     """``handler`` for each of ``signums`` while the block runs (main thread only, where Python can set them),
@@ -47,17 +74,13 @@ def handlers(signums, handler) -> Iterator[None]:
         yield
         return
     previous = {}
-    for signum in signums:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            previous[signum] = signal.signal(signum, handler)
     try:
+        for signum in signums:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, handler)
         yield
     finally:
-        # no signal may land between two restores (its handler would raise and skip the rest); a handler that
-        # was installed from C reads back as None and is restored as the default
-        with signals_held(tuple(previous)):
-            for signum, old in previous.items():
-                signal.signal(signum, signal.SIG_DFL if old is None else old)
+        _restore(previous)
 
 
 def signals_raise():
@@ -68,12 +91,34 @@ def signals_raise():
 @contextmanager
 def signals_held(signums=CAUGHT) -> Iterator[None]:
     """``signums`` (SIGINT and SIGTERM) wait until the block has run; they are then delivered (and raise) as
-    usual. Keep the block to a few system calls: the user cannot interrupt it."""
+    usual. Keep the block to a few system calls: the user cannot interrupt it.
+
+    Blocking the signals (``pthread_sigmask``) holds them for this thread only. A process with other threads
+    (torch's OpenMP workers, say) gets a signal sent to the process, or a Ctrl-C, in one of those, and Python
+    then runs the handler here at the next bytecode, inside the block. So while the block runs, each Python
+    handler (and the default action) is also replaced by one that only notes the signal; once the handlers are
+    back, the noted signals are raised again in this thread. A handler installed from C is only blocked."""
     if not _in_main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    noted: list[int] = []
+
+    def note(signum, frame):
+        noted.append(signum)
+
+    def raise_noted():
+        _run_all([lambda s=s: signal.raise_signal(s) for s in dict.fromkeys(noted)])
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the mask as it is: changes nothing
+    previous = {}
     try:
+        for signum in signums:  # a signal that came before the block raises here, before it is replaced
+            if signal.getsignal(signum) not in (signal.SIG_IGN, None):
+                previous[signum] = signal.signal(signum, note)
+        signal.pthread_sigmask(signal.SIG_BLOCK, signums)
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        # the handlers first: what the mask held for this thread is then delivered to them; what was noted
+        # (every note is in once no handler notes any more) is raised last
+        _run_all([lambda: _restore(previous), lambda: signal.pthread_sigmask(signal.SIG_SETMASK, before),
+                  raise_noted])

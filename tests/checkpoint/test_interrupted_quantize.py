@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -91,6 +92,9 @@ def stop_and_signal(area: Path, step: str, nth: int, signum: int, fallback: bool
     control = area.parent / "control"
 
     def prepare():
+        # a thread beside the main one, as the command has (torch's OpenMP workers): a signal that the main thread
+        # holds goes to it. Started here, the child has one whatever torch did in this process before the fork.
+        threading.Thread(target=threading.Event().wait, daemon=True).start()
         writer_module.MIN_SHARD_BYTES = 1
         replace.reached = pause_at(step, nth, control)
         if fallback:  # a file system without RENAME_EXCHANGE: two renames

@@ -198,8 +198,8 @@ def _swap_in(work: Path, replaced: Path, dst: Path) -> None:
                 os.rename(work, replaced)
             else:
                 os.rename(dst, replaced)
-                reached("old-aside")
-                try:
+                try:  # from here on, whatever fails puts the old checkpoint back
+                    reached("old-aside")
                     os.rename(work, dst)
                 except BaseException:
                     os.rename(replaced, dst)
