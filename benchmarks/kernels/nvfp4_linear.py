@@ -63,7 +63,7 @@ def check_correctness(device, report: dict) -> None:
             tol = 2e-3 if dtype == torch.float16 else 8e-3
             if m <= 32:
                 sms = torch.cuda.get_device_properties(device).multi_processor_count
-                cfgs = [heuristic_config(n, p.codes.shape[1] * 8, sms), DecodeConfig(128, 128, 1)]
+                cfgs = [heuristic_config(n, p.codes.shape[1] * 8, sms), DecodeConfig(block_n=128, block_k=128, split_k=1)]
                 for cfg in cfgs:
                     outs = []
                     for pack in (False, True):
@@ -121,8 +121,8 @@ def check_correctness(device, report: dict) -> None:
 
 
 # (block_m, block_n, block_k, num_warps, num_stages) of the fused prefill GEMM timed at M > 32
-FUSED_CONFIGS = [FusedConfig(128, 128, 128, 8, 3), FusedConfig(64, 128, 128, 4, 3), FusedConfig(128, 64, 128, 4, 4),
-                 FusedConfig(128, 128, 64, 8, 4)]
+FUSED_CONFIGS = [FusedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s)
+                 for bm, bn, bk, w, s in ((128, 128, 128, 8, 3), (64, 128, 128, 4, 3), (128, 64, 128, 4, 4), (128, 128, 64, 8, 4))]
 
 
 def candidate_configs(k_pad: int):
@@ -130,7 +130,7 @@ def candidate_configs(k_pad: int):
         k_tiles = k_pad // block_k
         for split in (1, 2, 4, 8, 16, 32):
             if k_tiles % split == 0 and k_tiles // split >= 1:
-                yield DecodeConfig(block_n, block_k, split, 4, 3)
+                yield DecodeConfig(block_n=block_n, block_k=block_k, split_k=split, num_warps=4, num_stages=3)
 
 
 def bench_shapes(device, report: dict, tune: bool, quick: bool, ms: list[int]) -> None:

@@ -6,7 +6,7 @@ config family, then a launch-config sweep against the production op and bf16 cuB
     PYTHONPATH=src python benchmarks/probes/mma_sweep.py --skip-check --shapes 6144x4096 3072x4096 \
         --gated 7168x4096 --ms 1 2 4 8
 
-The best config per (format, shape, M) is what `dispatch/tuning.py`'s MMA_LAUNCH_TABLE holds; the output file
+The best config per (format, shape, M) is what `dispatch/tables/cuda_mma_h200.json` holds (`--print-table` writes a sweep in that shape); the output file
 also works as it is as an extra table (``ANYFP4_MMA_TABLE=mma_sweep.json``) on GPUs of the same kind. M > 1 is
 swept with the split-K of M = 1 (this run's best, or the table's when M = 1 is not swept), the only split the op
 runs it with.
@@ -60,7 +60,7 @@ def configs_for(m: int, gated: bool, k_pad: int, step: int = 128, split_k: int =
             continue
         if split > steps:
             continue
-        yield MMAConfig(mt, warps, split, depth)
+        yield MMAConfig(mt=mt, warps=warps, split_k=split, depth=depth)
 
 
 def check(device, failures, results):
@@ -85,18 +85,19 @@ def check(device, failures, results):
             ref = x.double() @ wd.t()
             refb = ref + bias.double()
             gref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
-            cfgs = [heuristic_config(n, p.codes.shape[1] * 8, m, 132, False), MMAConfig(1, 4, 1, 2), MMAConfig(1, 8, 3, 8)]
+            cfgs = [heuristic_config(n, p.codes.shape[1] * 8, m, 132, False), MMAConfig(mt=1, warps=4, split_k=1, depth=2),
+                    MMAConfig(mt=1, warps=8, split_k=3, depth=8)]
             if m <= 8:
-                cfgs.append(MMAConfig(2, 4, 5, 4))
+                cfgs.append(MMAConfig(mt=2, warps=4, split_k=5, depth=4))
             else:
-                cfgs.append(MMAConfig(4, 2, 3, 2))
+                cfgs.append(MMAConfig(mt=4, warps=2, split_k=3, depth=2))
             for cfg in cfgs:
                 try:
                     out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
                     y = nvfp4_mma_gemm(x, p, None, cfg, out=out).clone()
                     y2 = nvfp4_mma_gemm(x, p, None, cfg)
                     yb = nvfp4_mma_gemm(x, p, bias, cfg)
-                    cg = MMAConfig(1, max(cfg.warps, 4), cfg.split_k, min(cfg.depth, 4))
+                    cg = MMAConfig(mt=1, warps=max(cfg.warps, 4), split_k=cfg.split_k, depth=min(cfg.depth, 4))
                     yg = nvfp4_mma_gemm(x, pg, None, cg)
                 except ValueError as e:  # row tile larger than the prepack
                     results.append({"n": n, "k": k, "m": m, "cfg": cfg.__dict__, "skipped": str(e)})
@@ -211,22 +212,24 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
 
 
 def table_lines(path: str) -> list[str]:
-    """A sweep file's best configs as ``MMA_LAUNCH_TABLE`` lines (``dispatch/tuning.py``), to paste there."""
+    """A sweep file's best configs as a table file in the shape of ``dispatch/tables/*.json`` (and of an
+    ``ANYFP4_MMA_TABLE`` file), one entry per line, named fields: its entries merge into a built-in table."""
     report = json.loads(Path(path).read_text())
-    lines = []
-    for gated, rows in ((False, report.get("sweep", [])), (True, report.get("gated", []))):
-        for r in sorted(rows, key=lambda r: (r["format"], r["k"], r["n"], r["m"])):
-            c = r["best_cfg"]
-            lines.append(f'    ({report["sm"]}, "{r["format"]}", {gated}, {r["k"]}, {r["n"]}, {r["m"]}): '
-                         f'MMAConfig({c["mt"]}, {c["warps"]}, {c["split_k"]}, {c["depth"]}),')
-    return lines
+    lines = ["{", f'  "sm": {int(report["sm"])},', f'  "sources": [{json.dumps(str(path))}],']
+    for key, rows in (("sweep", report.get("sweep", [])), ("gated", report.get("gated", []))):
+        entries = [json.dumps({"format": r["format"], "k": r["k"], "n": r["n"], "m": r["m"],
+                               "best_cfg": {f: r["best_cfg"][f] for f in ("mt", "warps", "split_k", "depth")}})
+                   for r in sorted(rows, key=lambda r: (r["format"], r["k"], r["n"], r["m"]))]
+        lines += [f'  "{key}": [', *[f"    {e}," for e in entries[:-1]], *[f"    {e}" for e in entries[-1:]],
+                  "  ]," if key == "sweep" else "  ]"]
+    return lines + ["}"]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="mma_sweep.json")
     ap.add_argument("--print-table", metavar="SWEEP_JSON", help="print a sweep file's best configs as launch-table "
-                                                                "lines and exit (no GPU needed)")
+                                                                "entries and exit (no GPU needed)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-check", action="store_true")
