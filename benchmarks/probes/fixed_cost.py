@@ -58,15 +58,18 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="fixed_cost.json")
+    ap.add_argument("--ns", type=int, nargs="+", default=list(NS))
+    ap.add_argument("--ks", type=int, nargs="+", default=list(KS), help="K; 128 is one main-loop step")
+    ap.add_argument("--no-pdl-off", action="store_true", help="skip the PDL-off variant")
     args = ap.parse_args()
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(0)
     report = {"gpu": torch.cuda.get_device_name(device), "copy_bandwidth_Bps": copy_bandwidth(device),
               "launch_floor_us": launch_floor_us(device), "rows": []}
     print(f"copy {report['copy_bandwidth_Bps'] / 1e12:.2f} TB/s, graphed one-element add {report['launch_floor_us']:.2f} us")
-    x = torch.randn(1, max(KS), dtype=torch.bfloat16, device=device)
-    for k in KS:
-        for n in NS:
+    x = torch.randn(1, max(args.ks), dtype=torch.bfloat16, device=device)
+    for k in args.ks:
+        for n in args.ns:
             one = prepack_nvfp4(random_nvfp4(n, k, device, generator=gen))
             nbytes = weight_bytes(one)
             copies = [one] + [prepack_nvfp4(random_nvfp4(n, k, device, generator=gen))
@@ -77,7 +80,7 @@ def main() -> None:
                 if split and split > k // 128:
                     continue
                 for early in ("1", "0"):
-                    if split and early == "0":
+                    if (split or args.no_pdl_off) and early == "0":
                         continue
                     os.environ["ANYFP4_EARLY_LAUNCH"] = early
                     reps = max(20, len(copies))
