@@ -131,3 +131,10 @@ def vllm_auto() -> bool:
     when the GPU has no native kernels for their format (NVFP4 below sm_100, FP8 below sm_89) or vLLM
     runs on the CPU. Off by default."""
     return os.environ.get("ANYFP4_VLLM_AUTO", "0").strip() == "1"
+
+
+def serve_api_key() -> str | None:
+    """``ANYFP4_API_KEY``: the key ``anyfp4 serve`` requires (``Authorization: Bearer KEY`` on every route but
+    ``/health``) when ``--api-key`` is not given. Surrounding whitespace is dropped; unset or empty: no key."""
+    value = os.environ.get("ANYFP4_API_KEY", "").strip()
+    return value or None

@@ -13,7 +13,7 @@ from anyfp4.cli import main
 from anyfp4.cli.parser import build_parser
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-COMMANDS = ["quantize", "inspect", "generate", "chat", "bench", "demo"]
+COMMANDS = ["quantize", "inspect", "generate", "chat", "bench", "serve", "demo"]
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -38,6 +38,8 @@ def test_every_command_and_option_has_a_help_text():
     ("generate", ["--max-tokens MAX_TOKENS", "(default: 256)", "(default: 0.0)", "--draft-tokens", "(default: 4)"]),
     ("chat", ["(default: 512)", "--system SYSTEM"]),
     ("quantize", ["(default: 5.0)", "(default: nvfp4)"]),
+    ("serve", ["--host HOST", "(default: 127.0.0.1)", "--port PORT", "(default: 8000)", "--api-key KEY",
+               "ANYFP4_API_KEY", "--max-queue MAX_QUEUE", "(default: 16)", "(default: 1024)", "--served-model-name"]),
 ])
 def test_help_shows_options_and_defaults(command, shown, capsys):
     assert main([command, "--help"]) == 0

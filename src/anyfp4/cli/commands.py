@@ -56,7 +56,7 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
 
 # -- the commands -------------------------------------------------------------------------------------------
 
-def _threads_for(device):
+def threads_for(device):
     """On the CPU, torch's threads = the CPUs this process may use (affinity and a container's quota), unless
     OMP_NUM_THREADS says otherwise: more threads than CPUs spin against each other."""
     import os
@@ -151,7 +151,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     texts = _read_prompts(args)
     if args.speculate and len(texts) != 1:
         raise InputError(f"--speculate runs one prompt, standard input held {len(texts)}")
-    device = _threads_for(pick_device(args.device))
+    device = threads_for(pick_device(args.device))
 
     def encode(session):
         return [session.encode_chat([{"role": "user", "content": t}]) if args.chat else session.encode(t)
@@ -188,7 +188,7 @@ def _generate_tp(args: argparse.Namespace, session, prompts: list[list[int]], pa
 def cmd_chat(args: argparse.Namespace) -> int:
     from ..runtime.session import chat_loop, pick_device
 
-    device = _threads_for(pick_device(args.device))
+    device = threads_for(pick_device(args.device))
     opening = [{"role": "system", "content": args.system}] if args.system else []
     # the shortest conversation (an empty first turn) must leave room for --max-tokens
     session, _, params = _open_session(
@@ -272,7 +272,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         specs.append(RandomSpec(args.random_weights, args.compare) if other_format else _bench_spec(args.compare))
     for spec in specs:
         _check_bench_spec(spec, args)
-    device = _threads_for(pick_device(args.device))
+    device = threads_for(pick_device(args.device))
     dtype = pick_dtype(args.dtype, device)
     copy = copy_bandwidth(device)
     if args.tp > 1:
@@ -330,7 +330,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ..runtime.generate import SamplingParams
     from ..runtime.session import Session, pick_device
 
-    device = _threads_for(pick_device(args.device))
+    device = threads_for(pick_device(args.device))
     params = SamplingParams(max_new_tokens=args.max_tokens)
     formats = DEMO_ANSWERS if args.format in DEMO_ANSWERS else (*DEMO_ANSWERS, args.format)
     paths = {f: smollm2_bf16(progress=True) if f == "bf16" else smollm2_quantized(f, progress=True) for f in formats}

