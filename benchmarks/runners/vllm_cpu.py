@@ -24,6 +24,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,11 +80,13 @@ def run_format(fmt: str, tokens: int, engine: str, cpu_kernels: str | None = Non
     if cpu_kernels:
         env["ANYFP4_CPU_KERNELS"] = cpu_kernels
     load_before = os.getloadavg()
-    out = subprocess.run([sys.executable, __file__, "--serve", fmt, str(checkpoint(fmt)), "--tokens", str(tokens)],
-                         capture_output=True, text=True, env=env)
-    if out.returncode != 0:
-        raise RuntimeError(f"{fmt} failed:\n{out.stderr[-4000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory() as tmp:
+        result_file = Path(tmp) / "result.json"  # not stdout: vLLM's engine process prints there too
+        out = subprocess.run([sys.executable, __file__, "--serve", fmt, str(checkpoint(fmt)), str(result_file),
+                              "--tokens", str(tokens)], capture_output=True, text=True, env=env)
+        if out.returncode != 0 or not result_file.is_file():
+            raise RuntimeError(f"{fmt} failed:\n{out.stderr[-4000:]}")
+        result = json.loads(result_file.read_text())
     result["load_avg_1m_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     return result
 
@@ -95,10 +98,10 @@ def main() -> None:
     ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     ap.add_argument("--reference", action="store_true", help="also the quantized formats on the pure-torch reference")
-    ap.add_argument("--serve", nargs=2, metavar=("FORMAT", "PATH"), help=argparse.SUPPRESS)
+    ap.add_argument("--serve", nargs=3, metavar=("FORMAT", "PATH", "RESULT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        print(json.dumps(serve(args.serve[0], args.serve[1], args.tokens)))
+        Path(args.serve[2]).write_text(json.dumps(serve(args.serve[0], args.serve[1], args.tokens)))
         return
     import vllm
 
