@@ -52,6 +52,18 @@ def test_mixed_precision(tmp_path):
     assert s.format_of("model.layers.0.self_attn.k_proj") is WeightFormat.NONE  # unlisted
 
 
+def test_schemes_pickle(tmp_path):
+    """vLLM pickles the quantization config (and so its scheme) to its engine process."""
+    import pickle
+    from types import MappingProxyType
+
+    layers = {"model.layers.0.mlp.down_proj": {"quant_algo": "NVFP4"}}
+    mixed = parse_quant_scheme(write(tmp_path, modelopt("MIXED_PRECISION", quantized_layers=layers)))
+    back = pickle.loads(pickle.dumps(mixed))
+    assert back == mixed and isinstance(back.layer_formats, MappingProxyType)
+    assert back.format_of("model.layers.0.mlp.down_proj") is WeightFormat.NVFP4
+
+
 def test_config_json_modelopt_reads_ignore(tmp_path):
     qc = {"quant_method": "modelopt", "quant_algo": "FP8", "ignore": ["lm_head"]}
     s = parse_quant_scheme(write(tmp_path, quantization_config=qc))

@@ -1,6 +1,7 @@
 """The vLLM plugin against vLLM's CPU build (run by `.ci/vllm` in its own virtual environment; skipped where
 vLLM is not installed): registration, end-to-end greedy generation equal to anyfp4's own runner for NVFP4,
-FP8 and mixed checkpoints, tensor-parallel shards of the weight loaders, and clear refusals."""
+FP8 and mixed checkpoints, the same greedy tokens for a prompt alone and inside a batch, the config through
+vLLM's engine process, tensor-parallel shards of the weight loaders, and clear refusals."""
 
 import os
 import sys
@@ -81,6 +82,7 @@ def checkpoints(tmp_path_factory):
     out = {fmt: quantize_checkpoint(src, root / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
            for fmt in ("nvfp4", "fp8", "mixed")}
     out["ct-nvfp4"] = to_compressed_tensors(Path(out["nvfp4"]), root / "ct-nvfp4")
+    out["bf16"] = src
     return out
 
 
@@ -104,6 +106,89 @@ def test_vllm_generates_what_the_anyfp4_runner_generates(checkpoints, fmt):
     assert ran["fp8" if fmt == "fp8" else "nvfp4"] > 0, ran
     if fmt == "mixed":
         assert ran["fp8"] > 0 and ran["nvfp4"] > 0
+
+
+def test_config_pickles_for_the_engine_process():
+    """vLLM (with multiprocessing, its default) pickles the quantization config to its engine process."""
+    import pickle
+
+    from anyfp4.checkpoint.quant_config import WeightFormat
+
+    cfg = plugin.AnyFP4Config.from_config({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+                                           "quantized_layers": {"model.layers.0.mlp.down_proj": {"quant_algo": "FP8"}}})
+    back = pickle.loads(pickle.dumps(cfg))
+    assert back.scheme == cfg.scheme and back.format_of("model.layers.0.mlp.down_proj") is WeightFormat.FP8
+
+
+def test_engine_process_serves_the_plugin(checkpoints, monkeypatch):
+    """vLLM's default engine in its own process (spawned): the plugin's config reaches it and generates what the
+    in-process engine generates."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    llm = LLM(model=str(checkpoints["nvfp4"]), quantization="anyfp4", dtype="float32", skip_tokenizer_init=True,
+              enforce_eager=True, max_model_len=128, max_num_seqs=4, seed=0, kv_cache_memory_bytes=64 * 1024**2)
+    prompt = [5, 17, 42, 7, 99, 3, 64, 12]
+    out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(temperature=0.0, max_tokens=12,
+                                                                             detokenize=False))
+    tokens = list(out[0].outputs[0].token_ids)
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    assert tokens == anyfp4_greedy(checkpoints["nvfp4"], prompt, 12)
+
+
+PROMPTS = [[5, 17, 42, 7, 99, 3, 64, 12], [9, 8], [100, 3, 77, 21, 4], [33] * 11,
+           [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [60, 61, 62]]
+
+
+def greedy_alone_and_batched(path, quantization):
+    """Greedy tokens and their logprobs (compared bit for bit: a token rarely flips where the logits' last bits
+    do) of every prompt sent alone, and of all of them sent at once (bfloat16, as vLLM runs on the CPU; no
+    prefix caching, so a prompt alone computes its own prefill)."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=str(path), quantization=quantization, dtype="bfloat16", skip_tokenizer_init=True,
+              enforce_eager=True, enable_prefix_caching=False, max_model_len=128, max_num_seqs=len(PROMPTS),
+              seed=0, kv_cache_memory_bytes=64 * 1024**2)
+    params = SamplingParams(temperature=0.0, max_tokens=16, detokenize=False, ignore_eos=True, logprobs=0)
+
+    def result(out):
+        c = out.outputs[0]
+        return list(c.token_ids), [step[t].logprob for t, step in zip(c.token_ids, c.logprobs)]
+
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in PROMPTS]
+    batched = [result(o) for o in llm.generate(prompts, params, use_tqdm=False)]
+    alone = [result(llm.generate([p], params, use_tqdm=False)[0]) for p in prompts]
+    del llm
+    return alone, batched
+
+
+@pytest.fixture(scope="module")
+def bf16_batch_invariant(checkpoints):
+    """Which prompts vLLM's own bfloat16 model (its linears, attention, norms) keeps batch invariant."""
+    alone, batched = greedy_alone_and_batched(checkpoints["bf16"], None)
+    return [a == b for a, b in zip(alone, batched)]
+
+
+@pytest.mark.parametrize("mode", ["c", "reference"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_greedy_tokens_alone_equal_batched(checkpoints, bf16_batch_invariant, monkeypatch, fmt, mode):
+    """A prompt's greedy tokens and logprobs do not depend on the other prompts of the batch, with either CPU
+    kernel choice: the plugin's linears give a row the same bits in any batch (tests/ops/test_batch_invariance.py).
+    Asserted for the prompts where vLLM's bfloat16 model holds it too (the parts around the linears are vLLM's;
+    with vLLM 0.32's CPU build it holds for every prompt here)."""
+    from anyfp4.kernels.cpu.linear import library
+
+    monkeypatch.setenv("ANYFP4_CPU_KERNELS", mode)
+    if mode == "c" and library() is None:
+        pytest.skip("no C compiler builds the CPU kernels")
+    plugin.register()
+    alone, batched = greedy_alone_and_batched(checkpoints[fmt], "anyfp4")
+    held = [i for i, ok in enumerate(bf16_batch_invariant) if ok]
+    assert held, "vLLM's own bfloat16 model changed every prompt's tokens in the batch"
+    assert [alone[i] for i in held] == [batched[i] for i in held]
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])

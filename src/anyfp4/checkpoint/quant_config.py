@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import fnmatch
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
@@ -88,6 +88,17 @@ class QuantScheme:
         if any(module_matches(module, p) for p in self.exclude):
             return WeightFormat.NONE
         return self.default_format
+
+    def __reduce__(self):
+        """Pickled with its layer formats as a plain dict (a mapping proxy does not pickle): vLLM sends the
+        quantization config that holds the scheme to its engine process."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["layer_formats"] = dict(self.layer_formats)
+        return _unpickle_scheme, (values,)
+
+
+def _unpickle_scheme(values: dict) -> QuantScheme:
+    return QuantScheme(**{**values, "layer_formats": MappingProxyType(values["layer_formats"])})
 
 
 def _modelopt_format(algo: object, where: str, source: Path) -> WeightFormat:

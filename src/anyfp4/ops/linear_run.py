@@ -58,21 +58,39 @@ def warn_once(message: str) -> None:
         warnings.warn(f"anyfp4: {message}", stacklevel=3)
 
 
+def row_by_row(x2: Tensor, row: Callable[[Tensor], Tensor], n: int, dtype: torch.dtype) -> Tensor:
+    """(M, n) of ``dtype``: ``row`` on each row of x2 alone, as a fresh float32 (1, K) tensor. A float32 matmul
+    over M rows sums in an order that depends on M (its blocking; at M = 1 another kernel altogether), and an
+    elementwise op like silu takes a scalar tail past the last full vector of the call: one row at a time, a
+    row's bits depend neither on the call's other rows nor on where it sits among them."""
+    y = torch.empty(x2.shape[0], n, dtype=dtype)
+    for i in range(x2.shape[0]):
+        y[i] = row(x2[i:i + 1].to(torch.float32, copy=True))[0]
+    return y
+
+
 def reference_linear(x: Tensor, w, bias: Optional[Tensor], fmt: FormatKernels, partial: bool = False) -> Tensor:
-    """The pure-torch definition: dequantize with formats/ and multiply in float32 (``partial``: before the
-    after-sum scales, not rounded to x's dtype)."""
-    x2 = x.reshape(-1, w.in_features).float()
+    """The pure-torch definition: dequantize with formats/ and multiply in float32, each row of x alone
+    (``row_by_row``) so that its bits do not depend on the call's other rows (``partial``: before the after-sum
+    scales, not rounded to x's dtype)."""
+    x2 = x.reshape(-1, w.in_features)
+    shape = (*x.shape[:-1], w.out_features)
     if partial:
-        y = x2 @ fmt.dense(unit_scale(w, fmt)).t()
-        return y.reshape(*x.shape[:-1], w.out_features)
+        dense = fmt.dense(unit_scale(w, fmt))
+        return row_by_row(x2, lambda r: r @ dense.t(), w.out_features, torch.float32).reshape(shape)
     if w.gated:
         gate, up = fmt.dense(w)
-        y = torch.nn.functional.silu(x2 @ gate.t()) * (x2 @ up.t())
+
+        def row(r: Tensor) -> Tensor:
+            return (torch.nn.functional.silu(r @ gate.t()) * (r @ up.t())).to(x.dtype)
     else:
-        y = x2 @ fmt.dense(w).t()
-        if bias is not None:
-            y = y + bias.float()
-    return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
+        dense = fmt.dense(w)
+        b = None if bias is None else bias.float()
+
+        def row(r: Tensor) -> Tensor:
+            y = r @ dense.t()
+            return (y if b is None else y + b).to(x.dtype)
+    return row_by_row(x2, row, w.out_features, x.dtype).reshape(shape)
 
 
 def cpu_linear(x: Tensor, w, bias: Optional[Tensor], fmt: FormatKernels, partial: bool = False) -> Tensor:
