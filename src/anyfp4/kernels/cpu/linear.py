@@ -275,7 +275,10 @@ def linear_on_rows(x: torch.Tensor, w: NVFP4Prepacked | FP8Prepacked, bias: torc
         return rows(x2, (0,), False).reshape(shape)
     if w.gated:
         gate, up = rows(x2, (0, w.up_offset), True).split(w.out_features, dim=1)
-        y = torch.nn.functional.silu(gate) * up
+        # silu row by row: over the whole (M, N) gate torch's vector loop (and its threads) would cut rows at
+        # positions that depend on M, and the elements past the last full vector take another exp
+        y = torch.stack([torch.nn.functional.silu(g) for g in gate.unbind()]) * up if gate.shape[0] > 1 \
+            else torch.nn.functional.silu(gate) * up
     else:
         y = rows(x2, (0,), True)
         if bias is not None:
