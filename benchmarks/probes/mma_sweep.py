@@ -33,7 +33,7 @@ from anyfp4.dispatch.configs import MMAConfig
 from anyfp4.dispatch.tuning import mma_config
 from anyfp4.dispatch.tuning import mma_heuristic_config as heuristic_config
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
-from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, n_tiles_for, nvfp4_mma_gemm
+from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, k_slices, n_tiles_for, nvfp4_mma_gemm
 from anyfp4.ops.nvfp4 import nvfp4_prepacked_linear as nvfp4_op
 from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
@@ -43,11 +43,13 @@ def rel_err(y, ref):
     return ((y.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def configs_for(m: int, gated: bool, k_pad: int, step: int = 128, split_k: int = 0):
-    """Launch configs to time; ``split_k`` (> 0) fixes the split (M > 1 runs with M = 1's split, see below)."""
+def configs_for(m: int, gated: bool, k_pad: int, step: int = 128, slices: int = 0, k_warps=(1, 2, 4, 8)):
+    """Launch configs to time; ``slices`` (> 0) fixes the K slices, split-K x K warps (M > 1 runs with M = 1's
+    slices, see below); ``k_warps``: the K warps per row tile to try."""
     steps = k_pad // step
-    for mt, warps, split, depth in itertools.product((1, 2, 4), (2, 4, 8), (split_k,) if split_k else (1, 2, 4, 8, 16),
-                                                     (2, 4, 8)):
+    for mt, warps, total, depth, kw in itertools.product((1, 2, 4), (2, 4, 8),
+                                                         (slices,) if slices else (1, 2, 4, 8, 16, 32), (2, 4, 8),
+                                                         k_warps):
         if (mt == 4) != (warps == 2) and not (mt == 4 and warps == 4):
             continue  # four m16 tiles per warp (M > 8: a quarter of the staged-activation reads) in 2 or 4 warps
         if mt == 4 and (gated or n_tiles_for(m) == 1 or depth > 2):
@@ -58,9 +60,13 @@ def configs_for(m: int, gated: bool, k_pad: int, step: int = 128, split_k: int =
             continue
         if depth == 4 and mt == 2 and gated:
             continue
-        if split > steps:
+        if total > steps or (total == 32 and not slices and kw < 4):
             continue
-        yield MMAConfig(mt=mt, warps=warps, split_k=split, depth=depth)
+        if kw > 1 and (warps % kw or total % kw or total & (total - 1) or steps % total):
+            continue  # K warps: a power of two of equal slices
+        if depth > 2 and depth > -(-steps // total):
+            continue  # a ring longer than a slice
+        yield MMAConfig(mt=mt, warps=warps, split_k=total // kw, depth=depth, kw=kw)
 
 
 def check(device, failures, results):
@@ -91,6 +97,13 @@ def check(device, failures, results):
                 cfgs.append(MMAConfig(mt=2, warps=4, split_k=5, depth=4))
             else:
                 cfgs.append(MMAConfig(mt=4, warps=2, split_k=3, depth=2))
+            steps = p.codes.shape[1] * 8 // 128
+            for kcfg in (MMAConfig(mt=1, warps=8, split_k=1, depth=2, kw=8), MMAConfig(mt=1, warps=4, split_k=2, depth=4, kw=2)):
+                if steps % k_slices(kcfg) == 0 and m <= 16:
+                    cfgs.append(kcfg)  # K warps: the bits of split-K alone with as many slices
+                    same = MMAConfig(mt=1, warps=kcfg.warps, split_k=k_slices(kcfg), depth=kcfg.depth)
+                    if not torch.equal(nvfp4_mma_gemm(x, p, None, kcfg), nvfp4_mma_gemm(x, p, None, same)):
+                        failures.append(f"K warps not the bits of split-K {k_slices(kcfg)}: {n}x{k} m={m} {dtype} {kcfg}")
             for cfg in cfgs:
                 try:
                     out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
@@ -130,11 +143,11 @@ FORMATS = {  # name: (make a random prepack, bytes per weight, kernel, op, main-
 }
 
 
-def table_split(device, fmt, gated, n, k, k_pad) -> int:
-    """The split-K the op runs every M of this shape with (its M = 1 launch entry's): a row's bits must not depend
-    on M, so configs for M > 1 are timed with it only."""
+def table_slices(device, fmt, gated, n, k, k_pad) -> int:
+    """The K slices the op runs every M of this shape with (its M = 1 launch entry's): a row's bits must not depend
+    on M, so configs for M > 1 are timed with them only."""
     props = torch.cuda.get_device_properties(device)
-    return mma_config(props.major * 10 + props.minor, props.multi_processor_count, fmt, gated, n, k, k_pad, 1).split_k
+    return k_slices(mma_config(props.major * 10 + props.minor, props.multi_processor_count, fmt, gated, n, k, k_pad, 1))
 
 
 def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),), ms=None):
@@ -156,7 +169,7 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
             t_op = graph_seconds(lambda i: op(x, ws[i % copies]))
             best = None
             rows = []
-            split = 0 if m == 1 else m1_split or table_split(device, fmt, False, n, k, k_pad)
+            split = 0 if m == 1 else m1_split or table_slices(device, fmt, False, n, k, k_pad)
             for cfg in configs_for(m, False, k_pad, step, split):
                 try:
                     t = graph_seconds(lambda i: kernel(x, ws[i % copies], None, cfg))
@@ -173,7 +186,7 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
                      "heuristic_cfg": h.__dict__, "best_gbps": bytes_ / best[0] / 1e9, "speedup_best": t_bf16 / best[0],
                      "speedup_heuristic": t_bf16 / t_h, "speedup_op": t_bf16 / t_op, "sweep": rows}
             if m == 1:
-                m1_split = best[1].split_k
+                m1_split = k_slices(best[1])
             report["sweep"].append(entry)
             Path(report["out"]).write_text(json.dumps(report, indent=1))
             print(f"{fmt} {n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} op {t_op*1e6:.1f} mma best {best[0]*1e6:.1f} "
@@ -196,13 +209,13 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             t_bf16 = graph_seconds(lambda i: torch.nn.functional.linear(x, wb[i % 4]))
             best = None
-            split = 0 if m == 1 else m1_split or table_split(device, fmt, True, n, k, k_pad)
+            split = 0 if m == 1 else m1_split or table_slices(device, fmt, True, n, k, k_pad)
             for cfg in configs_for(m, True, k_pad, step, split):
                 t = graph_seconds(lambda i: kernel(x, gws[i % copies], None, cfg))
                 if best is None or t < best[0]:
                     best = (t, cfg)
             if m == 1:
-                m1_split = best[1].split_k
+                m1_split = k_slices(best[1])
             report["gated"].append({"format": fmt, "n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6,
                                     "best_us": best[0] * 1e6, "best_cfg": best[1].__dict__,
                                     "speedup": t_bf16 / best[0]})
@@ -218,7 +231,8 @@ def table_lines(path: str) -> list[str]:
     lines = ["{", f'  "sm": {int(report["sm"])},', f'  "sources": [{json.dumps(str(path))}],']
     for key, rows in (("sweep", report.get("sweep", [])), ("gated", report.get("gated", []))):
         entries = [json.dumps({"format": r["format"], "k": r["k"], "n": r["n"], "m": r["m"],
-                               "best_cfg": {f: r["best_cfg"][f] for f in ("mt", "warps", "split_k", "depth")}})
+                               "best_cfg": {f: r["best_cfg"][f] for f in ("mt", "warps", "split_k", "depth", "kw")
+                                            if f in r["best_cfg"]}})
                    for r in sorted(rows, key=lambda r: (r["format"], r["k"], r["n"], r["m"]))]
         lines += [f'  "{key}": [', *[f"    {e}," for e in entries[:-1]], *[f"    {e}" for e in entries[-1:]],
                   "  ]," if key == "sweep" else "  ]"]

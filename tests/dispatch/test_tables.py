@@ -22,13 +22,14 @@ def padded(k: int) -> int:
     return -(-k // 256) * 256
 
 
-# (sm, sms, format, gated, K, N, M, split_k argument) -> what mma_config gave with the literal tables
+# (sm, sms, format, gated, K, N, M, split_k argument) -> what mma_config gave with the literal tables (the first
+# five: the K-warp re-sweep of 2026-12-01, results/nvfp4_mma_sweep_kw_h200.json)
 MMA_CASES = [
-    ((90, 132, "nvfp4", False, 4096, 4096, 1, 0), MMAConfig(mt=1, warps=8, split_k=8, depth=2)),
-    ((90, 132, "nvfp4", False, 4096, 4096, 2, 0), MMAConfig(mt=1, warps=4, split_k=8, depth=2)),
-    ((90, 132, "nvfp4", False, 4096, 4096, 7, 0), MMAConfig(mt=1, warps=8, split_k=8, depth=2)),  # bucket 8
-    ((90, 132, "nvfp4", False, 4096, 14336, 1, 0), MMAConfig(mt=1, warps=8, split_k=2, depth=4)),
-    ((90, 132, "nvfp4", False, 4096, 14336, 32, 0), MMAConfig(mt=1, warps=8, split_k=2, depth=2)),
+    ((90, 132, "nvfp4", False, 4096, 4096, 1, 0), MMAConfig(mt=1, warps=8, split_k=16, depth=2)),
+    ((90, 132, "nvfp4", False, 4096, 4096, 2, 0), MMAConfig(mt=1, warps=4, split_k=16, depth=2)),  # M = 1's slices
+    ((90, 132, "nvfp4", False, 4096, 4096, 7, 0), MMAConfig(mt=1, warps=8, split_k=16, depth=2)),  # bucket 8
+    ((90, 132, "nvfp4", False, 4096, 14336, 1, 0), MMAConfig(mt=2, warps=8, split_k=2, depth=2, kw=2)),
+    ((90, 132, "nvfp4", False, 4096, 14336, 32, 0), MMAConfig(mt=2, warps=8, split_k=4, depth=2)),
     ((90, 132, "nvfp4", False, 8192, 28672, 1, 0), MMAConfig(mt=1, warps=8, split_k=1, depth=8)),
     ((90, 132, "nvfp4", False, 8192, 28672, 3, 0), MMAConfig(mt=1, warps=8, split_k=1, depth=4)),  # bucket 4
     ((90, 132, "nvfp4", True, 4096, 14336, 1, 0), MMAConfig(mt=1, warps=8, split_k=2, depth=2)),
@@ -81,7 +82,7 @@ def test_decode_lookups_are_unchanged(key, want):
 
 def test_tables_hold_every_entry_they_held():
     mma, decode = launch_tables.builtin_mma_table(), launch_tables.builtin_decode_table()
-    assert len(mma) == 130 and len(decode) == 54
+    assert len(mma) == 132 and len(decode) == 54
     assert sum(1 for key in mma if key[2]) == 14  # gated entries
     assert {key[1] for key in mma} == {"nvfp4", "fp8"} and {key[0] for key in mma} == {90} == {k[0] for k in decode}
     assert mma[(90, "fp8", False, 8192, 28672, 4)] == MMAConfig(mt=1, warps=4, split_k=8, depth=8)

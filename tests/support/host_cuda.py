@@ -75,13 +75,15 @@ def run(plan: weight_mma.Launch) -> torch.Tensor:
 
 def gemm(fmt: str, tight: bool = False):
     """A CPU stand-in for ``nvfp4_mma_gemm`` / ``fp8_mma_gemm`` (same arguments) that runs the kernel's source;
-    ``tight``: give a block only the shared memory of one pass over its ring, so it stages activations every
-    pass (else the H200's ``STAGE_BYTES``). Checks that the split-K counters are left at zero."""
+    ``tight``: give a block only the shared memory of one pass over its ring (for each K warp; or what its K warps
+    meet in, where more), so it stages activations every pass (else the H200's ``STAGE_BYTES``). Checks that the split-K counters are left at zero."""
 
     def call(x, p, bias, config, out=None, out_dtype=None):
         counters = torch.zeros(1024, dtype=torch.int32)
         step = config.depth * weight_mma.STEP_K[fmt]
-        stage_bytes = weight_mma.stage_bytes_for(x.shape[0], step, fmt) if tight else weight_mma.STAGE_BYTES
+        stage_bytes = (max(config.kw * weight_mma.stage_bytes_for(x.shape[0], step, fmt),
+                           weight_mma.reduction_bytes(config, x.shape[0], p.up_offset > 0))
+                       if tight else weight_mma.STAGE_BYTES)
         scales, gscale = (p.scales, p.global_scale) if fmt == "nvfp4" else (None, p.scales)
         plan = weight_mma.plan_launch(fmt, x, p.codes, scales, gscale, bias, p.out_features, p.up_offset, config,
                                       out, out_dtype, stage_bytes=stage_bytes, early=False, counters=counters)

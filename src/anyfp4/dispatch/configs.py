@@ -13,6 +13,7 @@ class MMAConfig:
     warps: int = 8
     split_k: int = 1
     depth: int = 2  # main-loop steps of code words in flight per thread
+    kw: int = 1  # warps along K per row tile (a power of two dividing warps): they add their sums in shared memory
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,9 @@ def m_bucket(m: int) -> int:
 
 
 def _config(entry: dict, config_type):
-    """``entry["best_cfg"]`` as a ``config_type``, every field named (extra keys ignored)."""
+    """``entry["best_cfg"]`` as a ``config_type`` (a field not named takes its default; extra keys ignored)."""
     cfg = entry["best_cfg"]
-    return config_type(**{f.name: int(cfg[f.name]) for f in fields(config_type)})
+    return config_type(**{f.name: int(cfg[f.name]) for f in fields(config_type) if f.name in cfg})
 
 
 def mma_entries(report: dict) -> dict[MMAKey, MMAConfig]:

@@ -1,7 +1,8 @@
 """The split-K of tensor-parallel shards: the one that makes a shard compute one GPU's bits.
 
-The CUDA decode kernel's split-K alone sets the order a row's products are added in (``tuning.mma_config``), so a
-shard launched with its full layer's split adds its k as one GPU does. These functions say which split that is;
+The CUDA decode kernel's K slices (split-K blocks x K warps) alone set the order a row's products are added in
+(``tuning.mma_config``), so a shard launched with its full layer's slices adds its k as one GPU does. "Split-K" below
+and in the ops' ``split_k`` arguments means that number of slices. These functions say which split that is;
 ``parallel`` passes it to the ops (their ``split_k`` argument) and computes none itself.
 """
 
@@ -17,12 +18,13 @@ def single_gpu_split_k(device: torch.device, fmt: str, gated: bool, n: int, k: i
     heuristic's, from M = 1); 0 where the CUDA decode kernel does not serve the device (nothing to match)."""
     from ..kernels.cuda import weight_mma
     from ..kernels.device import device_arch
+    from ..kernels.cuda.weight_mma import k_slices
     from .tuning import mma_config
 
     sm, sms = device_arch(device.index)
     if not weight_mma.enabled(sm):
         return 0
-    return mma_config(sm, sms, fmt, gated, n, k, round_up(k, K_ALIGN), 1).split_k
+    return k_slices(mma_config(sm, sms, fmt, gated, n, k, round_up(k, K_ALIGN), 1))
 
 
 def row_parallel_split_k(device: torch.device, fmt: str, n: int, full_k: int, tp: int) -> int:

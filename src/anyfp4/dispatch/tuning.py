@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..kernels.cuda.weight_mma import STEP_K, rows_per_block
+from ..kernels.cuda.weight_mma import (STAGE_BYTES, STEP_K, is_power_of_two, k_slices, least_shared_bytes,
+                                      rows_per_block)
 from .configs import DecodeConfig, MMAConfig
 from .launch_tables import MMAKey, builtin_decode_table, builtin_mma_table, m_bucket, user_mma_table
 
@@ -62,15 +63,35 @@ def _mma_entry(key: MMAKey) -> MMAConfig | None:
     return extra or builtin_mma_table().get(key)
 
 
+def spread_slices(c: MMAConfig, slices: int, steps: int, m: int, gated: bool, fmt: str) -> MMAConfig:
+    """``c`` with ``slices`` K slices in all: as many of them K warps as ``c`` has and the kernel allows (a power of two
+    dividing the warps, a power-of-two number of slices dividing the ``steps``, within ``STAGE_BYTES`` of shared
+    memory), the rest split-K blocks. Which it is changes no bits (``weight_mma.k_slices``)."""
+    kw = c.kw
+    while kw > 1 and not (is_power_of_two(slices) and slices % kw == 0 and steps % slices == 0
+                          and c.warps % kw == 0
+                          and least_shared_bytes(replace(c, kw=kw), m, gated, fmt) <= STAGE_BYTES):
+        kw //= 2
+    return replace(c, kw=kw, split_k=slices // kw)
+
+
+def _mma_entry(key: MMAKey) -> MMAConfig | None:
+    from ..env import extra_mma_table_path
+
+    path = extra_mma_table_path()
+    extra = user_mma_table(path).get(key) if path else None
+    return extra or builtin_mma_table().get(key)
+
+
 def mma_config(sm: int, sms: int, fmt: str, gated: bool, n: int, k: int, k_pad: int, m: int,
                split_k: int = 0) -> MMAConfig:
     """The entry of ``ANYFP4_MMA_TABLE`` (a sweep file) or of the launch table for this GPU, shape and M
-    bucket, else the heuristic (always 128-row blocks, which every prepack's row padding covers). The split-K
-    always comes from M = 1 — it alone sets the order in which a row's partial sums are added, so every M
-    gives each row the bits M = 1 gives it (a verify pass of k + 1 rows computes what k + 1 single-token
-    steps would) — unless ``split_k`` (> 0) names it for every M (a tensor-parallel shard's)."""
+    bucket, else the heuristic (always 128-row blocks, which every prepack's row padding covers). The K slices
+    (split-K blocks x K warps) always come from M = 1 — they alone set the order in which a row's partial sums are
+    added, so every M gives each row the bits M = 1 gives it (a verify pass of k + 1 rows computes what k + 1
+    single-token steps would) — unless ``split_k`` (> 0) names them for every M (a tensor-parallel shard's)."""
     c = _mma_entry((sm, fmt, gated, k, n, m_bucket(m))) or mma_heuristic_config(n, k_pad, m, sms, gated, fmt)
-    if split_k:
-        return replace(c, split_k=split_k)
-    one = _mma_entry((sm, fmt, gated, k, n, 1)) or mma_heuristic_config(n, k_pad, 1, sms, gated, fmt)
-    return replace(c, split_k=one.split_k)
+    if not split_k:
+        one = _mma_entry((sm, fmt, gated, k, n, 1)) or mma_heuristic_config(n, k_pad, 1, sms, gated, fmt)
+        split_k = k_slices(one)
+    return spread_slices(c, split_k, k_pad // STEP_K[fmt], m, gated, fmt)

@@ -188,7 +188,7 @@ def test_staging_permutation_matches_the_pairs():
     assert fp8_a_order == fp8_b_order
 
 
-VARIANTS = [  # (FP8, NT, MT, WARPS, DEPTH, BF16, GATED, HAS_BIAS): every value of every flag at least once
+VARIANTS = [  # (FP8, NT, MT, WARPS, DEPTH, BF16, GATED, HAS_BIAS): every value of every flag at least once (and KW)
     (0, 1, 1, 8, 2, 0, 0, 1), (0, 1, 2, 4, 4, 1, 0, 0), (0, 2, 1, 8, 2, 1, 1, 0), (0, 4, 1, 4, 2, 0, 1, 0),
     (0, 1, 1, 4, 8, 1, 0, 1), (1, 1, 1, 8, 2, 0, 0, 1), (1, 2, 2, 4, 4, 1, 0, 0), (1, 4, 1, 8, 2, 1, 1, 0),
     (0, 4, 4, 2, 2, 1, 0, 0), (1, 4, 4, 2, 2, 0, 0, 1),
@@ -202,7 +202,8 @@ def test_every_variant_compiles(sm):
     for i, (fp8, nt, mt, warps, depth, bf16, gated, bias) in enumerate(VARIANTS):
         defines = dict(source_defines("fp8" if fp8 else "nvfp4", "bf16" if bf16 else "fp16"),
                        FP8=fp8, NT=nt, MT=mt, WARPS=warps, DEPTH=depth, BF16=bf16, GATED=gated, HAS_BIAS=bias,
-                       OUT_F32=i % 2, EARLY=int(sm >= 90), VEC_X=int(i % 3 > 0), SPLIT=(1, 2, 6, 8, 16)[i % 5])
+                       OUT_F32=i % 2, EARLY=int(sm >= 90), VEC_X=int(i % 3 > 0), SPLIT=(1, 2, 6, 8, 16)[i % 5],
+                       KW=(1, 2, 8, 4, 1, 8, 4, 1, 2, 1)[i])
         cubin = nvrtc.compile_cubin(src, weight_mma.KERNEL, sm, defines)
         assert cubin[:4] == b"\x7fELF"
 
@@ -367,16 +368,22 @@ def test_kernel_switch_is_read_inside_the_op(monkeypatch):
         linear(x, p)
 
 
-def test_split_k_does_not_depend_on_m():
-    """Only the split-K sets a row's summation order in the CUDA kernel, so it comes from M = 1 for every M."""
+def test_k_slices_do_not_depend_on_m():
+    """Only the K slices (split-K x K warps) set a row's summation order in the CUDA kernel, so they come from M = 1
+    for every M, and every config the tuning gives can be launched (K warps only where they apply)."""
     from anyfp4.dispatch.launch_tables import builtin_mma_table
     from anyfp4.dispatch.tuning import mma_config
 
     shapes = {(key[1], key[2], key[3], key[4]) for key in builtin_mma_table()} | {("nvfp4", False, 576, 1536)}
     for fmt, gated, k, n in shapes:
         k_pad = -(-k // 256) * 256
-        splits = {mma_config(90, 132, fmt, gated, n, k, k_pad, m).split_k for m in range(1, 33)}
-        assert len(splits) == 1, (fmt, gated, k, n, splits)
+        configs = [mma_config(90, 132, fmt, gated, n, k, k_pad, m) for m in range(1, 33)]
+        slices = {weight_mma.k_slices(c) for c in configs}
+        assert len(slices) == 1, (fmt, gated, k, n, slices)
+        steps = k_pad // weight_mma.STEP_K[fmt]
+        for m, c in enumerate(configs, 1):
+            assert c.kw == 1 or (steps % weight_mma.k_slices(c) == 0 and c.warps % c.kw == 0
+                                 and weight_mma.least_shared_bytes(c, m, gated, fmt) <= weight_mma.STAGE_BYTES), c
 
 
 @gpu
@@ -409,6 +416,60 @@ def test_early_launch_waits_for_the_kernel_before_it(monkeypatch):
     graph.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(y, r) for y, r in zip(ys, want))
+
+
+@gpu
+def test_early_launches_in_a_chain_wait_for_each_other(monkeypatch):
+    """Each call reads the output of the call before it (a kernel that lets the next start early, the next reading
+    what it writes): captured in one graph, the chain's bits equal plainly launched calls', for K warps and split-K
+    configs alike."""
+    from anyfp4.formats.nvfp4 import NVFP4Weight
+
+    w, p, x0 = square_case(19, 1)
+    gain = (linear(x0, p).float().norm() / x0.float().norm()).item()  # a global scale that keeps the size of x
+    p = prepack_nvfp4(NVFP4Weight(w.packed, w.block_scale, w.global_scale / gain))
+    for config in (MMAConfig(1, 8, 16, 2), MMAConfig(1, 8, 1, 4, 8), MMAConfig(1, 8, 2, 2, 4)):
+        def run(x):
+            return weight_mma.nvfp4_mma_gemm(x, p, None, config)
+
+        monkeypatch.setenv("ANYFP4_EARLY_LAUNCH", "0")
+        want, x = [], x0
+        for _ in range(12):
+            x = run(x)
+            want.append(x)
+        monkeypatch.setenv("ANYFP4_EARLY_LAUNCH", "1")
+        run(x0)  # compiled and loaded before capture
+        torch.cuda.synchronize()
+        graph, ys = torch.cuda.CUDAGraph(), []
+        with torch.cuda.graph(graph):
+            x = x0
+            for _ in range(12):
+                x = run(x)
+                ys.append(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(y, r) for y, r in zip(ys, want)), config
+        assert torch.isfinite(want[-1]).all() and want[-1].abs().max() > 0, config
+
+
+@gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_k_warps_add_up_as_split_k_does_on_the_gpu(fmt):
+    """On the device: split S / kw over kw K warps gives the float32 sums of split S alone, at every n8-tile count."""
+    gen = torch.Generator(device="cuda").manual_seed(20)
+    n, k = 4096, 4096
+    if fmt == "nvfp4":
+        p, run = prepack_nvfp4(nvfp4_weight(n, k, gen, torch.tensor(1e-3, device="cuda"))), weight_mma.nvfp4_mma_gemm
+    else:
+        p = prepack_fp8(quantize_fp8(torch.randn(n, k, device="cuda", generator=gen), per_channel=True))
+        run = weight_mma.fp8_mma_gemm
+    for m, (slices, kw, warps, mt, depth) in [(1, (8, 8, 8, 1, 4)), (1, (16, 2, 8, 2, 2)), (8, (4, 4, 4, 1, 2)),
+                                               (16, (16, 4, 8, 2, 2)), (32, (8, 2, 8, 1, 2))]:
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        alone, spread = MMAConfig(mt, warps, slices, depth), MMAConfig(mt, warps, slices // kw, depth, kw)
+        sums = run(x, p, None, spread, out_dtype=torch.float32)
+        assert torch.equal(sums, run(x, p, None, alone, out_dtype=torch.float32)), (m, spread)
+        assert sums.abs().max() > 0
 
 
 def test_a_sweep_file_overrides_the_launch_table(tmp_path, monkeypatch):

@@ -84,3 +84,30 @@ def test_unaligned_activations_take_the_scalar_loads(fmt):
         y = run(x, prepack_fp8(w), None, CONFIGS[1])
         ref = x.double() @ dequantize_fp8(w).double().t()
         assert ((y.double() - ref).norm() / ref.norm()).item() < 4e-3
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_k_warps_add_up_as_split_k_does(fmt):
+    """K warps meet in shared memory and add their slices in split-K's order: split S / kw over kw K warps gives
+    the bits of split S alone — plain and gated, one to four n8 tiles, staged once or every pass — and the
+    reference's values with poisoned outputs."""
+    gen = torch.Generator().manual_seed(24)
+    n, k = 200, 1024  # 8 NVFP4 / 16 FP8 steps
+    if fmt == "nvfp4":
+        w, g, u = (nvfp4_weight(n, k, gen, torch.tensor(2e-3), device="cpu") for _ in range(3))
+        p, pg, wd = prepack_nvfp4(w), prepack_nvfp4_gated(g, u), dequantize_nvfp4(w).double()
+    else:
+        w, g, u = (quantize_fp8(torch.randn(n, k, generator=gen), per_channel=True) for _ in range(3))
+        p, pg, wd = prepack_fp8(w), prepack_fp8_gated(g, u), dequantize_fp8(w).double()
+    run, tight = host_cuda.gemm(fmt), host_cuda.gemm(fmt, tight=True)
+    for m, (slices, kw, warps, depth) in [(1, (8, 8, 8, 2)), (13, (4, 2, 4, 2)), (32, (2, 2, 2, 4)), (5, (8, 4, 8, 2))]:
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        alone, spread = MMAConfig(1, warps, slices, depth), MMAConfig(1, warps, slices // kw, depth, kw)
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+        y = run(x, p, None, spread, out=out)
+        ref = x.double() @ wd.t()
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 4e-3, (m, spread)
+        sums = run(x, p, None, spread, out_dtype=torch.float32)  # the float32 sums: bf16 would hide their last bits
+        assert torch.equal(sums, run(x, p, None, alone, out_dtype=torch.float32)), (m, spread)
+        assert torch.equal(tight(x, p, None, spread, out_dtype=torch.float32), sums), (m, spread)
+        assert torch.equal(run(x, pg, None, spread), run(x, pg, None, alone)), (m, spread)

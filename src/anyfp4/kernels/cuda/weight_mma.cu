@@ -38,18 +38,25 @@
 // (a counter per row tile, reset by that block) adds the partials in a fixed order (sum_slices: an even
 // number of slices is halved, each half summed the same way, then the two halves added) and runs the
 // epilogue: one launch, no floating-point atomics, identical bits run after run.
+// K warps (KW > 1, a power of two): KW warps of a block share a row tile and take KW equal, consecutive slices of
+// the block's k, each summing its own; they meet in shared memory, where the first warp adds them in the same
+// balanced tree (sum_warps). With a power-of-two split, slice z = blockIdx.y * KW + warp's k index of
+// SPLIT * KW slices then gets the bits that split-K SPLIT * KW with one K warp gives it: only the number of
+// slices sets a row's bits, not how they are spread over blocks and warps.
 //
 // Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16 tiles
-// per warp), WARPS, DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED, HAS_BIAS,
+// per warp), WARPS, KW (warps along K per row tile), DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED, HAS_BIAS,
 // VEC_X (activation rows 16-byte aligned and K % 8 == 0: staged by cp.async), SPLIT (split-K slices, = gridDim.y),
 // OUT_F32 (float32 output, unrounded and before the global / row scale: a row-parallel rank's share; plain prepacks
 // without bias only), EARLY (a programmatic dependent launch on sm_90: the block fills its ring of code words —
 // weights, which no kernel writes — while the previous kernel finishes, and waits for it (griddepcontrol.wait)
-// before it reads the activations or writes anything); and the constants of the tile layout, the staging and the
+// before it reads the activations or writes anything; it lets the next such kernel start as soon as all its own
+// blocks run (griddepcontrol.launch_dependents), since that kernel too waits before it reads or writes anything
+// a kernel writes); and the constants of the tile layout, the staging and the
 // decode (STEP, X_T, X_Q, XS_PAD, TILE_ROWS, TILE_WORDS, TILE_BLOCKS, SCALE_PERM_BASE, SCALE_PERM_STEP, SCALE_MUL,
 // SCALE_ADD, FP8_BF16_RESCALE, UNIT), which kernels/cuda/weight_mma_defines.py works out from packing/layout.py and
 // the formats. The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
-// memory holds M * (kc / 2 + XS_PAD) words. Code words are loaded DEPTH steps ahead into a ring of registers, across
+// memory holds KW * M * (kc / 2 + XS_PAD) words (each K warp's rows). Code words are loaded DEPTH steps ahead into a ring of registers, across
 // staging rounds. The main loop runs whole passes over the ring (DEPTH steps, no per-step bounds or staging checks,
 // the refills at fixed offsets), then a last partial pass.
 
@@ -57,7 +64,10 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 
 #define ROWS_PER_WARP (MT * 16)
-#define ROWS_PER_BLOCK (WARPS * ROWS_PER_WARP)
+#if !defined(KW) || KW < 1 || (KW & (KW - 1)) || WARPS % KW
+#error "KW (warps along K per row tile) must be a power of two dividing WARPS"
+#endif
+#define ROWS_PER_BLOCK (WARPS / KW * ROWS_PER_WARP)
 #define TILES (GATED ? 2 * MT : MT)
 // Staged activations (u32 words: two halves each): a thread's B fragments for word q of a step lie at
 // t * X_T + q * X_Q from its row's step start; rows are kc / 2 + XS_PAD words apart (no bank conflicts: see
@@ -217,6 +227,21 @@ __device__ __forceinline__ float sum_slices(const float* p, long long stride) {
     return v[0];
 }
 
+// A row tile's KW K-warp sums of accumulator element e in lane `lane`, from the shared-memory block `red` (the sums
+// of K warps 1..KW-1; K warp 0's is `own`): leaves 0 + v as in sum_slices (a -0 leaf becomes +0), then the
+// balanced tree, left + right: what sum_slices gives KW slices.
+__device__ __forceinline__ float sum_warps(float own, const float* red, int e, int lane) {
+    float v[KW];
+    v[0] = 0.0f + own;
+#pragma unroll
+    for (int w = 1; w < KW; ++w) v[w] = 0.0f + red[((w - 1) * (TILES * NT * 4) + e) * 32 + lane];
+#pragma unroll
+    for (int width = 1; width < KW; width *= 2)
+#pragma unroll
+        for (int j = 0; j < KW; j += 2 * width) v[j] = v[j] + v[j + width];
+    return v[0];
+}
+
 // An 8-group of activations (x0 | x1 << 16, x2 | x3 << 16, ...) in the order the pairs of a weight word meet
 // them: (x0, x4), (x1, x5), (x2, x6), (x3, x7) for NVFP4; (x0, x2), (x1, x3), (x4, x6), (x5, x7) for FP8.
 __device__ __forceinline__ uint4 permute_group(const uint4 w) {
@@ -281,12 +306,17 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const int xs_stride = kc / 2 + XS_PAD;  // u32 per staged row
     const int round_steps = kc / STEP;
 
+#if EARLY
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
+    const int kw = warp % KW;  // this warp's K slice of the block's; warps warp - kw .. warp - kw + KW - 1 share rows
     const int split = gridDim.y, kz = blockIdx.y;
-    const int row0 = blockIdx.x * ROWS_PER_BLOCK + warp * ROWS_PER_WARP;
-    const int s_beg = (int)((long long)kz * nsteps / split);
-    const int s_end = (int)((long long)(kz + 1) * nsteps / split);
+    const int row0 = blockIdx.x * ROWS_PER_BLOCK + warp / KW * ROWS_PER_WARP;
+    const long long slices = (long long)split * KW, z = (long long)kz * KW + kw;  // KW > 1: slices divide nsteps
+    const int s_beg = (int)(z * nsteps / slices);
+    const int s_end = (int)((z + 1) * nsteps / slices);
 
     float acc[TILES][NT][4];
 #pragma unroll
@@ -346,41 +376,51 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     // Staging rounds start at s_beg and are a multiple of DEPTH steps long (the launcher's kc), so a round only
-    // ever starts at the first step of a pass over the ring.
+    // ever starts at the first step of a pass over the ring. The K warps of a block have slices of one length and
+    // stage together: a round holds, for each K warp j, the same offset into its slice (rows j * M .. j * M + M - 1).
     int round_beg = s_beg, round_end = s_beg;
     // The activations of the kc-wide round from step s, as 8-groups permuted (permute_group) and placed
     // (staged_word). Rows 16-byte aligned with K % 8 == 0 (VEC_X; a group then lies wholly below K or wholly
     // past it): every group copied by cp.async at once (16 bytes, FP8 two 8-byte halves; no registers held; a
     // group past K is zero-filled), then each thread permutes its own groups in place. Else element by element.
+    // Group idx of a round: K warp j, row m, 8-group grp; its k and its staged word.
+    auto round_group = [&](const int s, const int idx, const int groups, int& k) -> u32* {
+        const int per_warp = M * groups, j = KW == 1 ? 0 : idx / per_warp, r = idx - j * per_warp;
+        const int m = r / groups, grp = r - m * groups;
+        k = (s + (j - kw) * (s_end - s_beg)) * STEP + grp * 8;  // K warp j's step at this warp's step s
+        return xs + (j * M + m) * xs_stride + staged_word(grp);
+    };
     auto stage = [&](const int s) {
         const int c1 = min(s + round_steps, s_end);
-        const int groups = (c1 - s) * (STEP / 8), total = M * groups;
+        const int groups = (c1 - s) * (STEP / 8), total = KW * M * groups;
         __syncthreads();
 #if VEC_X
         {
             for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
-                const int m = idx / groups, grp = idx - m * groups, k = s * STEP + grp * 8;
-                const u16* xr = x + (long long)m * stride_xm;
-                copy_group_async(xs + m * xs_stride + staged_word(grp), k < K ? xr + k : xr, k < K);
+                int k;
+                u32* dst = round_group(s, idx, groups, k);
+                const u16* xr = x + (long long)((idx / groups) % M) * stride_xm;
+                copy_group_async(dst, k < K ? xr + k : xr, k < K);
             }
             wait_async_copies();
             for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
-                const int m = idx / groups, grp = idx - m * groups;
-                u32* p = xs + m * xs_stride + staged_word(grp);
+                int k;
+                u32* p = round_group(s, idx, groups, k);
                 store_group(p, permute_group(load_group(p)));
             }
         }
 #else
         {
             for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
-                const int m = idx / groups, grp = idx - m * groups, k = s * STEP + grp * 8;
-                const u16* xr = x + (long long)m * stride_xm;
+                int k;
+                u32* dst = round_group(s, idx, groups, k);
+                const u16* xr = x + (long long)((idx / groups) % M) * stride_xm;
                 u32 w[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
                     w[i] = (k + 2 * i < K ? (u32)xr[k + 2 * i] : 0u)
                            | ((k + 2 * i + 1 < K ? (u32)xr[k + 2 * i + 1] : 0u) << 16);
-                store_group(xs + m * xs_stride + staged_word(grp), permute_group(make_uint4(w[0], w[1], w[2], w[3])));
+                store_group(dst, permute_group(make_uint4(w[0], w[1], w[2], w[3])));
             }
         }
 #endif
@@ -392,7 +432,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     // M - 1: their outputs are never stored), from its k slot.
     const u32* xrow[NT];
 #pragma unroll
-    for (int b = 0; b < NT; ++b) xrow[b] = xs + min(b * 8 + g, M - 1) * xs_stride + t * X_T;
+    for (int b = 0; b < NT; ++b) xrow[b] = xs + (kw * M + min(b * 8 + g, M - 1)) * xs_stride + t * X_T;
 
     // Step d of the pass starting at s0 (x0: its staged activations, relative to xrow); then refill ring slot d.
     auto step = [&](const int s0, const int d, const int x0) {
@@ -474,6 +514,32 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
             if (s0 + d < s_end) step(s0, d, x0);
     }
 
+#if KW > 1
+    // The K warps' sums meet in shared memory, in the staged activations' place (the launcher gives a block enough
+    // for both): K warps 1..KW-1 of each row tile store theirs, K warp 0 adds them (sum_warps).
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(xs) + (warp / KW) * ((KW - 1) * TILES * NT * 4 * 32);
+    if (kw > 0) {
+#pragma unroll
+        for (int a = 0; a < TILES; ++a)
+#pragma unroll
+            for (int b = 0; b < NT; ++b)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    red[((kw - 1) * (TILES * NT * 4) + (a * NT + b) * 4 + i) * 32 + lane] = acc[a][b][i];
+    }
+    __syncthreads();
+    if (kw == 0) {
+#pragma unroll
+        for (int a = 0; a < TILES; ++a)
+#pragma unroll
+            for (int b = 0; b < NT; ++b)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[a][b][i] = sum_warps(acc[a][b][i], red, (a * NT + b) * 4 + i, lane);
+    }
+#endif
+    const bool owner = kw == 0;  // this warp holds its row tile's sums (with KW == 1 every warp does)
+
     // This block's sums: out rows (n) rows[a] and rows[a] + 8, columns (m) b * 8 + 2t + {0, 1}.
     if (split > 1) {
         float* mine = partial + (long long)kz * M * rows_total;
@@ -484,13 +550,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int m = acc_col(b, t, i), n = rows[a] + acc_row_offset(i);
-                    if (m < M) mine[(long long)m * rows_total + n] = acc[a][b][i];
+                    if (owner && m < M) mine[(long long)m * rows_total + n] = acc[a][b][i];
                 }
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1) == split - 1;
         __syncthreads();
-        if (!is_last) return;
+        if (!is_last || !owner) return;
         __threadfence();
 #pragma unroll
         for (int a = 0; a < TILES; ++a)
@@ -505,6 +571,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         if (threadIdx.x == 0) counters[blockIdx.x] = 0;
     }
 
+    if (!owner) return;
     // The weight value in the mma is w * 2^-e (see above); the epilogue restores 2^e (UNIT: NVFP4 fp16 2^14, bf16
     // 2^8; FP8 fp16 2^8, bf16 1) and the scale.
     const float unit = (float)UNIT;

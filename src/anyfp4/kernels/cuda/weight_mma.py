@@ -41,7 +41,29 @@ def n_tiles_for(m: int) -> int:
 
 
 def rows_per_block(c: MMAConfig) -> int:
-    return c.warps * c.mt * 16
+    return c.warps // c.kw * c.mt * 16
+
+
+def k_slices(c: MMAConfig) -> int:
+    """The K slices a row's sums are made of (split-K blocks x K warps): with a power-of-two split, this number
+    alone sets a row's bits (weight_mma.cu), however the slices are spread over blocks and warps."""
+    return c.split_k * c.kw
+
+
+def is_power_of_two(v: int) -> bool:
+    return v >= 1 and v & (v - 1) == 0
+
+
+def reduction_bytes(c: MMAConfig, m: int, gated: bool) -> int:
+    """Shared memory in which a block's K warps meet (none for one K warp)."""
+    tiles = c.mt * (2 if gated else 1)
+    return c.warps // c.kw * (c.kw - 1) * tiles * n_tiles_for(m) * 4 * 32 * 4
+
+
+def least_shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str) -> int:
+    """The shared memory a block of config ``c`` needs at the least: each K warp's rows staged one pass of its ring
+    at a time, or what its K warps meet in, where more."""
+    return max(c.kw * stage_bytes_for(m, c.depth * STEP_K[fmt], fmt), reduction_bytes(c, m, gated))
 
 
 # Shared memory for one block's staged activations (capped by the GPU's opt-in limit): more k per round means
@@ -126,17 +148,29 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
         raise ValueError(f"output dtype must be {x.dtype} or float32, got {out_dtype}")
     if out_dtype != x.dtype and (bias is not None or up_offset):
         raise ValueError("a float32 output (before the scale) is for plain prepacks without bias")
-    if not 1 <= config.split_k <= k_pad // STEP_K[fmt]:
-        raise ValueError(f"split-K {config.split_k} must be 1..{k_pad // STEP_K[fmt]} for K = {k_pad}")
-    kc = stage_k(m, stage_bytes, c.depth * STEP_K[fmt], fmt)  # the kernel stages at the start of a pass only
-    if stage_bytes_for(m, kc, fmt) > stage_bytes:
-        raise ValueError(f"depth {c.depth} needs {stage_bytes_for(m, kc, fmt)} bytes of shared memory for {m} rows, "
+    steps = k_pad // STEP_K[fmt]
+    if not 1 <= config.split_k <= steps:
+        raise ValueError(f"split-K {config.split_k} must be 1..{steps} for K = {k_pad}")
+    if not is_power_of_two(c.kw) or c.warps % c.kw:
+        raise ValueError(f"K warps {c.kw} must be a power of two dividing the {c.warps} warps")
+    if c.kw > 1 and (not is_power_of_two(c.split_k) or steps % k_slices(c)):
+        raise ValueError(f"K warps {c.kw} need a power-of-two split-K (got {c.split_k}) whose {k_slices(c)} slices "
+                         f"divide the {steps} steps of K = {k_pad}")
+    least = c.depth * STEP_K[fmt]  # the kernel stages at the start of a pass only
+    kc = stage_k(m, stage_bytes // c.kw, least, fmt)
+    slice_k = -(-steps // k_slices(c)) * STEP_K[fmt]  # the longest slice: one round covers it
+    while kc // 2 >= max(least, slice_k):
+        kc //= 2
+    gated = up_offset > 0
+    shared = max(c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated))
+    if shared > stage_bytes:
+        raise ValueError(f"depth {c.depth} with {c.kw} K warps needs {shared} bytes of shared memory for {m} rows, "
                          f"more than the {stage_bytes} this GPU gives a block")
     bf16 = x.dtype == torch.bfloat16
     defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
-                   NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth, BF16=int(bf16),
-                   GATED=int(up_offset > 0), HAS_BIAS=int(bias is not None),
+                   NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
+                   GATED=int(gated), HAS_BIAS=int(bias is not None),
                    VEC_X=int(x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0))  # cp.async staging
     if out is None:
         out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
@@ -153,7 +187,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
             out, partial, counters, m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4,
             block_scales.stride(0) // 2 if block_scales is not None else 0,
             x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc]
-    return Launch(defines, (grid_x, c.split_k, 1), c.warps * 32, stage_bytes_for(m, kc, fmt), args, out)
+    return Launch(defines, (grid_x, c.split_k, 1), c.warps * 32, shared, args, out)
 
 
 def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None, gscale: torch.Tensor,
