@@ -122,6 +122,7 @@ def main() -> None:
             print(f"{engine} {label}: batch of {len(PROMPTS)} {r['batch_tok_s']:.2f} tok/s, "
                   f"alone {r['alone_tok_s']:.2f} tok/s, same text alone vs batch: {sum(r['same_alone_vs_batch'])}/{len(PROMPTS)} "
                   f"(load {r['load_avg_1m_before_after']})", flush=True)
+            Path(args.out).write_text(json.dumps(report, indent=2) + "\n")  # so far, should a later run fail
         bf16 = results.get("bf16")
         for label, r in results.items():
             if bf16 and label != "bf16":
