@@ -160,20 +160,26 @@ def _warn_unavailable(reason: str) -> None:
                   f"much slower pure-torch reference", stacklevel=3)
 
 
+@functools.lru_cache(maxsize=1)
+def cgroup_cpu_quota() -> int | None:
+    """The CPUs a cgroup v2 CPU quota allows (a container's ``--cpus``), None without one; read once (every linear
+    call asks, and the file read cost more than a small layer's arithmetic)."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(1, int(quota) // int(period))
+    except (OSError, ValueError):
+        return None
+
+
 def available_cpus() -> int:
-    """The CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota (a container's
-    ``--cpus``), which the affinity does not show."""
+    """The CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota, which the affinity
+    does not show."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
         cpus = os.cpu_count() or 1
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return cpus
+    quota = cgroup_cpu_quota()
+    return cpus if quota is None else min(cpus, quota)
 
 
 def threads() -> int:
@@ -231,6 +237,19 @@ def _nvfp4_strides(words_per_row: int, blocks_per_row: int) -> tuple[torch.Tenso
             tiled_scale_offset(0, TILE_BLOCKS, blocks_per_row))
 
 
+def output_rows(m: int, w, row_starts: tuple[int, ...]) -> torch.Tensor:
+    """What the C functions write into: column n gets weight row n. One start at row 0 (a plain prepack) needs only
+    its ``out_features`` columns, which are then the result as they are; otherwise every prepack row's."""
+    return torch.empty(m, w.out_features if row_starts == (0,) else w.codes.shape[0], dtype=torch.float32)
+
+
+def joined(y: torch.Tensor, row_starts: tuple[int, ...], n: int) -> torch.Tensor:
+    """The ``n`` columns from each start of ``output_rows``' result, side by side."""
+    if row_starts == (0,) and y.shape[1] == n:
+        return y
+    return torch.cat([y[:, s:s + n] for s in row_starts], dim=1)
+
+
 def nvfp4_rows(lib, x2: torch.Tensor, w: NVFP4Prepacked, row_starts: tuple[int, ...], global_scale: float | None):
     """float32 (M, len(row_starts) * N): ``x @ W^T`` for the N weight rows from each start (0, or ``up_offset``
     for the up half of a gated prepack), times ``global_scale`` (None: the sums before it)."""
@@ -239,13 +258,13 @@ def nvfp4_rows(lib, x2: torch.Tensor, w: NVFP4Prepacked, row_starts: tuple[int, 
     x_perm = _permuted(x2, words * 8, 8)
     codes, scales = w.codes.contiguous(), w.scales.contiguous()  # the C code reads them as dense row-major
     inside, word_rowblock, word_row, word_tile, scale_rowblock, scale_tile = _nvfp4_strides(words, words // 2)
-    y = torch.empty(m, w.codes.shape[0], dtype=torch.float32)
+    y = output_rows(m, w, row_starts)
     out_scale = 1.0 if global_scale is None else global_scale
     args = (codes.data_ptr(), scales.data_ptr(), x_perm.data_ptr(), m, inside.data_ptr(), words // TILE_WORDS,
             word_rowblock, word_row, word_tile, scale_rowblock, scale_tile)
     _run_split(lambda n0, n1: lib.nvfp4_linear_rows(*args, n0, n1, out_scale, y.data_ptr(), y.shape[1]),
                [(s, s + w.out_features) for s in row_starts], m * w.in_features)
-    return torch.cat([y[:, s:s + w.out_features] for s in row_starts], dim=1)
+    return joined(y, row_starts, w.out_features)
 
 
 def fp8_rows(lib, x2: torch.Tensor, w: FP8Prepacked, row_starts: tuple[int, ...], scaled: bool):
@@ -255,13 +274,13 @@ def fp8_rows(lib, x2: torch.Tensor, w: FP8Prepacked, row_starts: tuple[int, ...]
     words = w.codes.shape[1]
     x_perm = _permuted(x2, words * 4, 4)
     codes, row_scales = w.codes.contiguous(), w.scales.contiguous()  # the C code reads them as dense
-    y = torch.empty(m, w.codes.shape[0], dtype=torch.float32)
+    y = output_rows(m, w, row_starts)
     scales = row_scales.data_ptr() if scaled else None
     args = (codes.data_ptr(), scales, x_perm.data_ptr(), m, words // TILE_WORDS,
             tiled_word_offset(TILE_ROWS, 0, words), TILE_WORDS, tiled_word_offset(0, TILE_WORDS, words))
     _run_split(lambda n0, n1: lib.fp8_linear_rows(*args, n0, n1, y.data_ptr(), y.shape[1]),
                [(s, s + w.out_features) for s in row_starts], m * w.in_features)
-    return torch.cat([y[:, s:s + w.out_features] for s in row_starts], dim=1)
+    return joined(y, row_starts, w.out_features)
 
 
 def linear_on_rows(x: torch.Tensor, w: NVFP4Prepacked | FP8Prepacked, bias: torch.Tensor | None, partial: bool,
