@@ -7,9 +7,10 @@ config family, then a launch-config sweep against the production op and bf16 cuB
         --gated 7168x4096 --ms 1 2 4 8
 
 The best config per (format, shape, M) is what `dispatch/tables/cuda_mma_h200.json` holds (`--print-table` writes a sweep in that shape); the output file
-also works as it is as an extra table (``ANYFP4_MMA_TABLE=mma_sweep.json``) on GPUs of the same kind. M > 1 is
-swept with the split-K of M = 1 (this run's best, or the table's when M = 1 is not swept), the only split the op
-runs it with.
+also works as it is as an extra table (``ANYFP4_MMA_TABLE=mma_sweep.json``) on GPUs of the same kind. The K slices
+(split-K blocks x K warps) set a row's bits, so every M of a shape runs with one number of them: M = 1 is swept
+over all, every other M at the ``--slice-candidates`` fastest of M = 1, and the count best over all M (relative to
+each M's fastest) is kept (when M = 1 is not swept, the table's).
 
 2026-11-29, H200 (results/nvfp4_mma_sweep_h200.json, fp8_mma_sweep_h200.json, nvfp4_mma_sweep_tiled_h200.json,
 nvfp4_mma_sweep_llama8b_tp_shapes_h200.json): the sm_90 launch table's entries; NVFP4 28672x8192 at M = 1 in
@@ -150,11 +151,48 @@ def table_slices(device, fmt, gated, n, k, k_pad) -> int:
     return k_slices(mma_config(props.major * 10 + props.minor, props.multi_processor_count, fmt, gated, n, k, k_pad, 1))
 
 
-def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),), ms=None):
+def best_by_slices(time_config, m: int, gated: bool, k_pad: int, step: int, slices: int = 0) -> dict:
+    """{K slices: (seconds, config)}: the fastest config at ``m`` rows for each number of K slices (only ``slices``
+    if > 0); ``time_config(cfg, m)`` times one (None where the launch refuses it)."""
+    best: dict = {}
+    for cfg in configs_for(m, gated, k_pad, step, slices):
+        t = time_config(cfg, m)
+        if t is not None and (k_slices(cfg) not in best or t < best[k_slices(cfg)][0]):
+            best[k_slices(cfg)] = (t, cfg)
+    return best
+
+
+def choose_slices(ms: list[int], timed: dict) -> int:
+    """The K slices every M of a shape runs with (they set a row's bits, so one number for all M): of the
+    candidates timed at every M (``timed[m][slices] = (seconds, config)``), the one whose time, relative to the
+    fastest candidate at each M, is least on average; M = 1 breaks ties."""
+    candidates = set.intersection(*(set(timed[m]) for m in ms))
+
+    def cost(sl):
+        return (sum(timed[m][sl][0] / min(t for t, _ in timed[m].values()) for m in ms) / len(ms), timed[ms[0]][sl][0])
+
+    return min(candidates, key=cost)
+
+
+def sweep_shape(time_config, ms: list[int], gated: bool, k_pad: int, step: int, candidates: int,
+                fixed_slices: int = 0) -> tuple[int, dict]:
+    """(the K slices chosen, ``timed``): M = 1 over every number of slices (or ``fixed_slices``), then the other M
+    at the ``candidates`` fastest slice counts of M = 1 (``choose_slices`` picks among them)."""
+    first = best_by_slices(time_config, ms[0], gated, k_pad, step, fixed_slices)
+    ranked = sorted(first, key=lambda sl: first[sl][0])[:max(1, candidates)]
+    timed = {ms[0]: {sl: first[sl] for sl in ranked}}
+    for m in ms[1:]:
+        timed[m] = {}
+        for sl in ranked:
+            timed[m].update(best_by_slices(time_config, m, gated, k_pad, step, sl))
+    return choose_slices(ms, timed), timed
+
+
+def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),), ms=None, candidates=2):
     torch.backends.cuda.matmul.allow_tf32 = False
     make, bpw, kernel, op, step = FORMATS[fmt]
     shapes = shapes or (SHAPES[:3] + [(28672, 8192)] if quick else SHAPES)
-    ms = ms or ([1, 8, 32] if quick else [1, 2, 4, 8, 16, 32])
+    ms = sorted(ms or ([1, 8, 32] if quick else [1, 2, 4, 8, 16, 32]))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     for n, k in shapes:
         copies = max(2, int(ROTATE_BYTES // (n * k * bpw)))
@@ -162,35 +200,37 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
         bcopies = max(2, ROTATE_BYTES // (n * k * 2))
         wb = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(bcopies)]
         k_pad = ws[0].codes.shape[1] * (8 if fmt == "nvfp4" else 4)
-        m1_split = None
-        for m in sorted(ms):
-            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        xs = {m: torch.randn(m, k, device=device, dtype=torch.bfloat16) for m in ms}
+        rows: dict = {m: [] for m in ms}
+
+        def time_config(cfg, m):
+            try:
+                t = graph_seconds(lambda i: kernel(xs[m], ws[i % copies], None, cfg))
+            except ValueError:
+                return None
+            rows[m].append({"cfg": cfg.__dict__, "us": t * 1e6})
+            return t
+
+        chosen, timed = sweep_shape(time_config, ms, False, k_pad, step, candidates,
+                                    0 if ms[0] == 1 else table_slices(device, fmt, False, n, k, k_pad))
+        for m in ms:
+            x = xs[m]
             t_bf16 = graph_seconds(lambda i: torch.nn.functional.linear(x, wb[i % bcopies]))
             t_op = graph_seconds(lambda i: op(x, ws[i % copies]))
-            best = None
-            rows = []
-            split = 0 if m == 1 else m1_split or table_slices(device, fmt, False, n, k, k_pad)
-            for cfg in configs_for(m, False, k_pad, step, split):
-                try:
-                    t = graph_seconds(lambda i: kernel(x, ws[i % copies], None, cfg))
-                except ValueError:
-                    continue
-                rows.append({"cfg": cfg.__dict__, "us": t * 1e6})
-                if best is None or t < best[0]:
-                    best = (t, cfg)
+            t_best, cfg = timed[m][chosen]
             h = heuristic_config(n, k_pad, m, sms, False, fmt)
             t_h = graph_seconds(lambda i: kernel(x, ws[i % copies], None, h))
             bytes_ = n * k * bpw + m * k * 2 + m * n * 2
-            entry = {"format": fmt, "n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6, "op_us": t_op * 1e6,
-                     "best_us": best[0] * 1e6, "best_cfg": best[1].__dict__, "heuristic_us": t_h * 1e6,
-                     "heuristic_cfg": h.__dict__, "best_gbps": bytes_ / best[0] / 1e9, "speedup_best": t_bf16 / best[0],
-                     "speedup_heuristic": t_bf16 / t_h, "speedup_op": t_bf16 / t_op, "sweep": rows}
-            if m == 1:
-                m1_split = k_slices(best[1])
-            report["sweep"].append(entry)
-            Path(report["out"]).write_text(json.dumps(report, indent=1))
-            print(f"{fmt} {n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} op {t_op*1e6:.1f} mma best {best[0]*1e6:.1f} "
-                  f"{best[1]} heur {t_h*1e6:.1f} -> {t_bf16/best[0]:.2f}x ({bytes_/best[0]/1e9:.0f} GB/s)", flush=True)
+            report["sweep"].append({
+                "format": fmt, "n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6, "op_us": t_op * 1e6,
+                "best_us": t_best * 1e6, "best_cfg": cfg.__dict__, "heuristic_us": t_h * 1e6,
+                "heuristic_cfg": h.__dict__, "best_gbps": bytes_ / t_best / 1e9, "speedup_best": t_bf16 / t_best,
+                "speedup_heuristic": t_bf16 / t_h, "speedup_op": t_bf16 / t_op,
+                "slices_us": {str(sl): tc[0] * 1e6 for sl, tc in sorted(timed[m].items())}, "sweep": rows[m]})
+            print(f"{fmt} {n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} op {t_op*1e6:.1f} mma best {t_best*1e6:.1f} {cfg} "
+                  f"(slices {chosen} of {sorted(timed[m])}) heur {t_h*1e6:.1f} -> {t_bf16/t_best:.2f}x "
+                  f"({bytes_/t_best/1e9:.0f} GB/s)", flush=True)
+        Path(report["out"]).write_text(json.dumps(report, indent=1))
         ws = wb = None  # this shape's weights freed before the next one's are made
         torch.cuda.empty_cache()
     for n, k in gated_shapes:  # gate and up, each n x k
@@ -204,22 +244,26 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
                 gws.append(prepack_fp8_gated(random_fp8(n, k, device), random_fp8(n, k, device)))
         wb = [torch.randn(2 * n, k, device=device, dtype=torch.bfloat16) for _ in range(4)]
         k_pad = gws[0].codes.shape[1] * (8 if fmt == "nvfp4" else 4)
-        m1_split = None
-        for m in sorted(ms):
-            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        xs = {m: torch.randn(m, k, device=device, dtype=torch.bfloat16) for m in ms}
+
+        def time_gated(cfg, m):
+            try:
+                return graph_seconds(lambda i: kernel(xs[m], gws[i % copies], None, cfg))
+            except ValueError:
+                return None
+
+        chosen, timed = sweep_shape(time_gated, ms, True, k_pad, step, candidates,
+                                    0 if ms[0] == 1 else table_slices(device, fmt, True, n, k, k_pad))
+        for m in ms:
+            x = xs[m]
             t_bf16 = graph_seconds(lambda i: torch.nn.functional.linear(x, wb[i % 4]))
-            best = None
-            split = 0 if m == 1 else m1_split or table_slices(device, fmt, True, n, k, k_pad)
-            for cfg in configs_for(m, True, k_pad, step, split):
-                t = graph_seconds(lambda i: kernel(x, gws[i % copies], None, cfg))
-                if best is None or t < best[0]:
-                    best = (t, cfg)
-            if m == 1:
-                m1_split = k_slices(best[1])
+            t_best, cfg = timed[m][chosen]
             report["gated"].append({"format": fmt, "n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6,
-                                    "best_us": best[0] * 1e6, "best_cfg": best[1].__dict__,
-                                    "speedup": t_bf16 / best[0]})
-            print(f"{fmt} gated 2x{n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} mma {best[0]*1e6:.1f} {best[1]}", flush=True)
+                                    "best_us": t_best * 1e6, "best_cfg": cfg.__dict__, "speedup": t_bf16 / t_best,
+                                    "slices_us": {str(sl): tc[0] * 1e6 for sl, tc in sorted(timed[m].items())}})
+            print(f"{fmt} gated 2x{n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} mma {t_best*1e6:.1f} {cfg} "
+                  f"(slices {chosen} of {sorted(timed[m])})", flush=True)
+        Path(report["out"]).write_text(json.dumps(report, indent=1))
         gws = wb = None
         torch.cuda.empty_cache()
 
@@ -251,6 +295,9 @@ def main():
     ap.add_argument("--shapes", nargs="+", metavar="NxK", help="plain shapes to sweep (default: PERF.md's)")
     ap.add_argument("--gated", nargs="+", metavar="NxK", default=["14336x4096"], help="gated shapes (gate = up = N x K)")
     ap.add_argument("--ms", nargs="+", type=int, help="M values (default 1 2 4 8 16 32)")
+    ap.add_argument("--slice-candidates", type=int, default=2, help="the fastest K-slice counts of M = 1 that every "
+                                                                     "other M is swept at; the one best over all M "
+                                                                     "is kept (default 2)")
     args = ap.parse_args()
     if args.print_table:
         print("\n".join(table_lines(args.print_table)))
@@ -270,7 +317,8 @@ def main():
     Path(args.out).write_text(json.dumps(report, indent=1))
     if not args.skip_sweep:
         for fmt in args.formats:
-            sweep(device, report, args.quick, fmt, parse(args.shapes), parse(args.gated), args.ms)
+            sweep(device, report, args.quick, fmt, parse(args.shapes), parse(args.gated), args.ms,
+                  args.slice_candidates)
     report["seconds"] = time.time() - t0
     Path(args.out).write_text(json.dumps(report, indent=1))
 

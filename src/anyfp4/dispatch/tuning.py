@@ -55,14 +55,6 @@ def mma_heuristic_config(n_rows: int, k_pad: int, m: int, sms: int, gated: bool,
     return MMAConfig(split_k=split, depth=4 if blocks * split >= 2 * sms and steps // split >= 16 else 2)
 
 
-def _mma_entry(key: MMAKey) -> MMAConfig | None:
-    from ..env import extra_mma_table_path
-
-    path = extra_mma_table_path()
-    extra = user_mma_table(path).get(key) if path else None
-    return extra or builtin_mma_table().get(key)
-
-
 def spread_slices(c: MMAConfig, slices: int, steps: int, m: int, gated: bool, fmt: str) -> MMAConfig:
     """``c`` with ``slices`` K slices in all: as many of them K warps as ``c`` has and the kernel allows (a power of two
     dividing the warps, a power-of-two number of slices dividing the ``steps``, within ``STAGE_BYTES`` of shared

@@ -1,0 +1,49 @@
+"""The launch sweep's choice of K slices (benchmarks/probes/mma_sweep.py), with a fake timer; no GPU."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "mma_sweep.py"
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    spec = importlib.util.spec_from_file_location("mma_sweep", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_times(m1: dict, others: dict):
+    """A timer: at M = 1 the time of each config's slice count from ``m1``; at other M from ``others[m]``; plus a
+    little per K warp so the configs of one count differ."""
+    def time_config(cfg, m):
+        from anyfp4.kernels.cuda.weight_mma import k_slices
+
+        table = m1 if m == 1 else others[m]
+        return table[k_slices(cfg)] + 1e-9 * cfg.kw * cfg.depth * cfg.warps
+    return time_config
+
+
+def test_the_slices_are_chosen_over_every_m(sweep):
+    # 16 slices win at M = 1 by a little; 8 lose a little there and win by a lot at M = 16 and 32
+    m1 = {1: 10.7, 2: 9.7, 4: 9.2, 8: 8.0, 16: 7.7, 32: 10.1}
+    others = {16: {8: 12.7, 16: 14.8}, 32: {8: 18.1, 16: 21.2}}
+    chosen, timed = sweep.sweep_shape(fake_times(m1, others), [1, 16, 32], False, 4096, 128, candidates=2)
+    assert chosen == 8
+    assert set(timed[16]) == set(timed[32]) == {8, 16}  # only the two fastest of M = 1 are swept further
+    assert all(sweep.k_slices(cfg) == sl for m in timed for sl, (_, cfg) in timed[m].items())
+
+
+def test_with_one_candidate_m_1_decides(sweep):
+    m1 = {1: 10.7, 2: 9.7, 4: 9.2, 8: 8.0, 16: 7.7, 32: 10.1}
+    others = {16: {16: 14.8}, 32: {16: 21.2}}
+    chosen, _ = sweep.sweep_shape(fake_times(m1, others), [1, 16, 32], False, 4096, 128, candidates=1)
+    assert chosen == 16
+
+
+def test_a_tie_goes_to_m_1(sweep):
+    timed = {1: {8: (2.0, None), 16: (1.0, None)}, 8: {8: (1.0, None), 16: (2.0, None)}}
+    assert sweep.choose_slices([1, 8], timed) == 16
