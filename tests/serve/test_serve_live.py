@@ -71,13 +71,17 @@ def test_a_full_queue_gets_429_and_the_others_are_served(session, monkeypatch):
     route, body = request("chat", "hi", max_tokens=4, temperature=0, stream=True)
     with held_generation(monkeypatch) as held, live_server(app) as base, \
             httpx.Client(base_url=base, timeout=30) as first, httpx.Client(base_url=base, timeout=30) as second:
-        with first.stream("POST", route, json=body) as running, second.stream("POST", route, json=body) as waiting:
-            running_lines, waiting_lines = running.iter_lines(), waiting.iter_lines()
-            assert next(running_lines).startswith("data: ") and next(waiting_lines).startswith("data: ")
-            assert held["entered"].wait(10) and held["steps"] == [0]  # one generates, one waits
-            refused = httpx.post(f"{base}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=30)
-            assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
-            held["release"].set()
-            first_reply, second_reply = streamed(payloads(running_lines)), streamed(payloads(waiting_lines))
-            assert first_reply == second_reply and first_reply[1] == "length"
+        with first.stream("POST", route, json=body) as running:
+            running_lines = running.iter_lines()
+            assert next(running_lines).startswith("data: ")
+            # the worker took the first job off the queue (before that, the queue of one is full)
+            assert held["entered"].wait(10) and held["steps"] == [0]
+            with second.stream("POST", route, json=body) as waiting:
+                waiting_lines = waiting.iter_lines()
+                assert next(waiting_lines).startswith("data: ")  # one generates, one waits
+                refused = httpx.post(f"{base}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=30)
+                assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+                held["release"].set()
+                first_reply, second_reply = streamed(payloads(running_lines)), streamed(payloads(waiting_lines))
+                assert first_reply == second_reply and first_reply[1] == "length"
     assert held["steps"] == [4, 4]
