@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import platform
 import socket
 import statistics
@@ -145,7 +146,7 @@ def main() -> None:
     tokens = sum(r.get("tokens") or 0 for r in results)
     served_rate = (single["tokens"] - 1) / single["decode_s"] if single.get("decode_s") else None
     report = {
-        "date": time.strftime("%Y-%m-%d"), "cpu": platform.machine(), "cores": __import__("os").cpu_count(),
+        "date": time.strftime("%Y-%m-%d"), "cpu": platform.machine(), "cores": os.cpu_count(),
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
         "checkpoint": "SmolLM2-135M-Instruct NVFP4 (anyfp4 demo)", "clients": args.clients,
         "max_tokens": args.max_tokens, "completed": sum(ok), "same_as_alone": sum(same), "wall_s": wall,
