@@ -80,10 +80,8 @@ def gemm(fmt: str, tight: bool = False):
 
     def call(x, p, bias, config, out=None, out_dtype=None):
         counters = torch.zeros(1024, dtype=torch.int32)
-        step = config.depth * weight_mma.STEP_K[fmt]
-        stage_bytes = (max(config.kw * weight_mma.stage_bytes_for(x.shape[0], step, fmt),
-                           weight_mma.reduction_bytes(config, x.shape[0], p.up_offset > 0))
-                       if tight else weight_mma.STAGE_BYTES)
+        stage_bytes = (weight_mma.least_shared_bytes(config, x.shape[0], p.up_offset > 0, fmt) if tight
+                       else weight_mma.STAGE_BYTES)
         scales, gscale = (p.scales, p.global_scale) if fmt == "nvfp4" else (None, p.scales)
         plan = weight_mma.plan_launch(fmt, x, p.codes, scales, gscale, bias, p.out_features, p.up_offset, config,
                                       out, out_dtype, stage_bytes=stage_bytes, early=False, counters=counters)

@@ -60,10 +60,15 @@ def reduction_bytes(c: MMAConfig, m: int, gated: bool) -> int:
     return c.warps // c.kw * (c.kw - 1) * tiles * n_tiles_for(m) * 4 * 32 * 4
 
 
+def shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str, kc: int) -> int:
+    """Dynamic shared memory of a block of config ``c`` staging ``kc`` k per round: each K warp's rows, or what
+    its K warps meet in, where more."""
+    return max(c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated))
+
+
 def least_shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str) -> int:
-    """The shared memory a block of config ``c`` needs at the least: each K warp's rows staged one pass of its ring
-    at a time, or what its K warps meet in, where more."""
-    return max(c.kw * stage_bytes_for(m, c.depth * STEP_K[fmt], fmt), reduction_bytes(c, m, gated))
+    """The shared memory a block of config ``c`` needs at the least: one pass of its ring staged per round."""
+    return shared_bytes(c, m, gated, fmt, c.depth * STEP_K[fmt])
 
 
 # Shared memory for one block's staged activations (capped by the GPU's opt-in limit): more k per round means
@@ -162,7 +167,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     while kc // 2 >= max(least, slice_k):
         kc //= 2
     gated = up_offset > 0
-    shared = max(c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated))
+    shared = shared_bytes(c, m, gated, fmt, kc)
     if shared > stage_bytes:
         raise ValueError(f"depth {c.depth} with {c.kw} K warps needs {shared} bytes of shared memory for {m} rows, "
                          f"more than the {stage_bytes} this GPU gives a block")
