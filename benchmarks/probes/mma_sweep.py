@@ -34,7 +34,7 @@ from anyfp4.dispatch.configs import MMAConfig
 from anyfp4.dispatch.tuning import mma_config
 from anyfp4.dispatch.tuning import mma_heuristic_config as heuristic_config
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
-from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, k_slices, n_tiles_for, nvfp4_mma_gemm
+from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, k_slices, k_warps_refusal, n_tiles_for, nvfp4_mma_gemm
 from anyfp4.ops.nvfp4 import nvfp4_prepacked_linear as nvfp4_op
 from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
@@ -63,11 +63,12 @@ def configs_for(m: int, gated: bool, k_pad: int, step: int = 128, slices: int = 
             continue
         if total > steps or (total == 32 and not slices and kw < 4):
             continue
-        if kw > 1 and (warps % kw or total % kw or total & (total - 1) or steps % total):
-            continue  # K warps: a power of two of equal slices
+        cfg = MMAConfig(mt=mt, warps=warps, split_k=total // kw, depth=depth, kw=kw)
+        if total % kw or k_warps_refusal(cfg, steps):
+            continue  # K warps the kernel does not take
         if depth > 2 and depth > -(-steps // total):
             continue  # a ring longer than a slice
-        yield MMAConfig(mt=mt, warps=warps, split_k=total // kw, depth=depth, kw=kw)
+        yield cfg
 
 
 def check(device, failures, results):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..kernels.cuda.weight_mma import (STAGE_BYTES, STEP_K, is_power_of_two, k_slices, least_shared_bytes,
+from ..kernels.cuda.weight_mma import (STAGE_BYTES, STEP_K, k_slices, k_warps_refusal, least_shared_bytes,
                                       rows_per_block)
 from .configs import DecodeConfig, MMAConfig
 from .launch_tables import MMAKey, builtin_decode_table, builtin_mma_table, m_bucket, user_mma_table
@@ -56,15 +56,17 @@ def mma_heuristic_config(n_rows: int, k_pad: int, m: int, sms: int, gated: bool,
 
 
 def spread_slices(c: MMAConfig, slices: int, steps: int, m: int, gated: bool, fmt: str) -> MMAConfig:
-    """``c`` with ``slices`` K slices in all: as many of them K warps as ``c`` has and the kernel allows (a power of two
-    dividing the warps, a power-of-two number of slices dividing the ``steps``, within ``STAGE_BYTES`` of shared
-    memory), the rest split-K blocks. Which it is changes no bits (``weight_mma.k_slices``)."""
+    """``c`` with ``slices`` K slices in all: as many of them K warps as ``c`` has and the kernel takes
+    (``weight_mma.k_warps_refusal``, within ``STAGE_BYTES`` of shared memory), halved until it does, the rest
+    split-K blocks. Which it is changes no bits (``weight_mma.k_slices``)."""
     kw = c.kw
-    while kw > 1 and not (is_power_of_two(slices) and slices % kw == 0 and steps % slices == 0
-                          and c.warps % kw == 0
-                          and least_shared_bytes(replace(c, kw=kw), m, gated, fmt) <= STAGE_BYTES):
+    while kw > 1:
+        spread = replace(c, kw=kw, split_k=slices // kw)
+        if (slices % kw == 0 and k_warps_refusal(spread, steps) is None
+                and least_shared_bytes(spread, m, gated, fmt) <= STAGE_BYTES):
+            return spread
         kw //= 2
-    return replace(c, kw=kw, split_k=slices // kw)
+    return replace(c, kw=1, split_k=slices)
 
 
 def _mma_entry(key: MMAKey) -> MMAConfig | None:

@@ -54,6 +54,18 @@ def is_power_of_two(v: int) -> bool:
     return v >= 1 and v & (v - 1) == 0
 
 
+def k_warps_refusal(c: MMAConfig, steps: int) -> str | None:
+    """Why the kernel cannot run ``c``'s K warps over ``steps`` main-loop steps (None: it can): K warps are a power
+    of two dividing the warps, and beside more than one they need a power-of-two split-K whose slices divide the
+    steps (equal slices, so that the K warps of a block stage together)."""
+    if not is_power_of_two(c.kw) or c.warps % c.kw:
+        return f"K warps {c.kw} must be a power of two dividing the {c.warps} warps"
+    if c.kw > 1 and (not is_power_of_two(c.split_k) or steps % k_slices(c)):
+        return (f"K warps {c.kw} need a power-of-two split-K (got {c.split_k}) whose {k_slices(c)} slices divide the "
+                f"{steps} steps")
+    return None
+
+
 def reduction_bytes(c: MMAConfig, m: int, gated: bool) -> int:
     """Shared memory in which a block's K warps meet (none for one K warp)."""
     tiles = c.mt * (2 if gated else 1)
@@ -156,11 +168,9 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     steps = k_pad // STEP_K[fmt]
     if not 1 <= config.split_k <= steps:
         raise ValueError(f"split-K {config.split_k} must be 1..{steps} for K = {k_pad}")
-    if not is_power_of_two(c.kw) or c.warps % c.kw:
-        raise ValueError(f"K warps {c.kw} must be a power of two dividing the {c.warps} warps")
-    if c.kw > 1 and (not is_power_of_two(c.split_k) or steps % k_slices(c)):
-        raise ValueError(f"K warps {c.kw} need a power-of-two split-K (got {c.split_k}) whose {k_slices(c)} slices "
-                         f"divide the {steps} steps of K = {k_pad}")
+    refusal = k_warps_refusal(c, steps)
+    if refusal:
+        raise ValueError(f"{refusal} of K = {k_pad}")
     least = c.depth * STEP_K[fmt]  # the kernel stages at the start of a pass only
     kc = stage_k(m, stage_bytes // c.kw, least, fmt)
     slice_k = -(-steps // k_slices(c)) * STEP_K[fmt]  # the longest slice: one round covers it
