@@ -111,3 +111,63 @@ def test_k_warps_add_up_as_split_k_does(fmt):
         assert torch.equal(sums, run(x, p, None, alone, out_dtype=torch.float32)), (m, spread)
         assert torch.equal(tight(x, p, None, spread, out_dtype=torch.float32), sums), (m, spread)
         assert torch.equal(run(x, pg, None, spread), run(x, pg, None, alone)), (m, spread)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_l2_prefetch_asks_for_each_warps_next_steps(fmt):
+    """Each warp asks, once per tile, the steps of its slice past its register ring into L2, up to the launch's
+    budget: the exact (address, bytes) requests, all inside the weights; none without a budget; every step past the
+    rings with a budget larger than the weights. The outputs are those of no prefetch."""
+    gen = torch.Generator().manual_seed(31)
+    n, k = 200, 2048  # 16 NVFP4 / 32 FP8 steps
+    if fmt == "nvfp4":
+        w, g, u = (nvfp4_weight(n, k, gen, torch.tensor(2e-3), device="cpu") for _ in range(3))
+        p, pg = prepack_nvfp4(w), prepack_nvfp4_gated(g, u)
+    else:
+        w, g, u = (quantize_fp8(torch.randn(n, k, generator=gen), per_channel=True) for _ in range(3))
+        p, pg = prepack_fp8(w), prepack_fp8_gated(g, u)
+    step_k = 128 if fmt == "nvfp4" else 64
+    steps = k // step_k
+    for prepack, cfg, m in [(p, MMAConfig(1, 4, 2, 2), 1), (p, MMAConfig(2, 8, 2, 2, 4), 9), (pg, MMAConfig(1, 4, 1, 4), 3),
+                            (p, MMAConfig(1, 2, 1, 2, 2), 1)]:
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        codes, scales = prepack.codes, prepack.scales if fmt == "nvfp4" else None  # FP8: a row scale, not prefetched
+        block_rows = cfg.warps // cfg.kw * cfg.mt * 16
+        launched_rows = -(-prepack.out_features // block_rows) * block_rows * (2 if prepack.up_offset else 1)
+        weight_bytes = launched_rows * codes.shape[1] * 4 * (9 if scales is not None else 8) // 8  # + a scale per 8 B
+        plain = host_cuda.gemm(fmt)(x, prepack, None, cfg, out_dtype=None)
+        for budget in (0, weight_bytes * 2 // 3, 4 * weight_bytes):
+            asked = []
+            y = host_cuda.gemm(fmt, l2_bytes=budget, prefetches=asked)(x, prepack, None, cfg)
+            assert torch.equal(y, plain)
+            slices = cfg.split_k * cfg.kw
+            slice_steps = -(-steps // slices)
+            ahead = slice_steps if budget >= weight_bytes else max(0, budget * slice_steps // weight_bytes - cfg.depth)
+            tiles = [a * 16 for a in range(cfg.mt)] + [prepack.up_offset + a * 16 for a in range(cfg.mt)] * (
+                prepack.up_offset > 0)
+            want = []
+            for bz in range(cfg.split_k):
+                for bx in range(-(-prepack.out_features // block_rows)):
+                    for warp in range(cfg.warps):
+                        z = bz * cfg.kw + warp % cfg.kw
+                        beg, end = z * steps // slices, (z + 1) * steps // slices
+                        todo = min(end, beg + cfg.depth + ahead) - (beg + cfg.depth)
+                        row0 = bx * block_rows + warp // cfg.kw * cfg.mt * 16
+                        for lead in tiles if todo > 0 else []:
+                            row = row0 + lead
+                            want.append((codes.data_ptr() + row * codes.stride(0) * 4 + (beg + cfg.depth) * 1024,
+                                         todo * 1024))
+                            if scales is not None:
+                                row_bytes = scales.stride(0) * scales.element_size()
+                                want.append((scales.data_ptr() + row * row_bytes + (beg + cfg.depth) * 128, todo * 128))
+            assert sorted(asked) == sorted(want), (cfg, budget)
+            assert bool(asked) == (ahead > 0 and slice_steps > cfg.depth), (cfg, budget)
+            ends = [(codes.data_ptr(), codes.numel() * 4)] + (
+                [(scales.data_ptr(), scales.numel() * scales.element_size())] if scales is not None else [])
+            assert all(any(b <= a and a + size <= b + e for b, e in ends) for a, size in asked)
+            if budget > weight_bytes:  # with the rings, every step of every tile
+                ring = sum(min(cfg.depth, (z + 1) * steps // slices - z * steps // slices) for z in range(slices))
+                code_asked = sum(size for a, size in asked if a < codes.data_ptr() + codes.numel() * 4
+                                 and a >= codes.data_ptr())
+                assert code_asked == (steps - ring) * 1024 * len(tiles) * -(-prepack.out_features // block_rows) * (
+                    cfg.warps // cfg.kw)
