@@ -106,17 +106,6 @@ def early_launch_allowed() -> bool:
     return _choice("ANYFP4_EARLY_LAUNCH", ("0", "1"), "1") == "1"
 
 
-def l2_prefetch_mib(default: int) -> int:
-    """``ANYFP4_L2_PREFETCH_MIB``: how many MiB of a CUDA decode kernel's weights (sm_90+) its warps ask into L2
-    at their start, ahead of their loads (``0``: none); unset, ``default``."""
-    value = os.environ.get("ANYFP4_L2_PREFETCH_MIB", "").strip()
-    if not value:
-        return default
-    if not value.isdigit():
-        raise ValueError(f"ANYFP4_L2_PREFETCH_MIB must be a whole number of MiB (0 or more), got {value!r}")
-    return int(value)
-
-
 TP_ALLREDUCE_CHOICES = ("auto", "peer", "nccl")
 
 

@@ -179,21 +179,6 @@ inline void copy_16_bytes_async(unsigned* dst, const unsigned short* src, bool v
 }
 inline void copy_8_bytes_async(unsigned* dst, const unsigned short* src, bool valid) { copy_async(dst, src, valid, 8); }
 inline void wait_async_copies() {}
-namespace host {
-static std::vector<unsigned long long> prefetched;  // (address, bytes) of each L2 prefetch of a launch
-}
-inline void prefetch_l2(const void* p, unsigned bytes) {  // recorded: the tests check what it asks for
-    if ((reinterpret_cast<uintptr_t>(p) % 16 || bytes % 16 || bytes == 0) && !host::fault[0])
-        std::snprintf(host::fault, sizeof host::fault, "block (%u, %u) thread %u: L2 prefetch of %u bytes from %p, "
-                      "not 16-byte aligned or sized (a GPU faults)", blockIdx.x, blockIdx.y, threadIdx.x, bytes, p);
-    host::prefetched.push_back(reinterpret_cast<uintptr_t>(p));
-    host::prefetched.push_back(bytes);
-}
-extern "C" long long host_prefetches(unsigned long long* out, long long cap) {  // copies up to cap pairs
-    const long long n = (long long)host::prefetched.size() / 2;
-    for (long long i = 0; i < 2 * std::min(n, cap); ++i) out[i] = host::prefetched[i];
-    return n;
-}
 
 inline float act_to_float(unsigned short bits) {
     return BF16 ? host::bf16_to_float(bits) : host::half_to_float(bits);
@@ -267,7 +252,6 @@ inline int run_grid(int gx, int gy, int threads, void (*body)(), char* err, int 
     }
     kernel_body = body;
     fault[0] = 0;
-    prefetched.clear();
     // the fibers' stacks (128 KiB a thread) go back when the grid is done: every variant's library stays
     // loaded for the rest of the test session, and kept stacks made it grow by ~0.4 GB per variant
     struct Release { ~Release() { std::vector<Fiber>().swap(fibers); } } release;

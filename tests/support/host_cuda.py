@@ -17,19 +17,19 @@ import torch
 from anyfp4.kernels.cuda import weight_mma
 
 HEADER = Path(__file__).with_name("host_cuda.h")
-N_POINTERS, N_INTS = 8, 12  # anyfp4_weight_mma's parameters
+N_POINTERS, N_INTS = 8, 11  # anyfp4_weight_mma's parameters
 LAUNCH = """
 static void* host_ptrs[8];
-static int host_ints[12];
+static int host_ints[11];
 static void host_body() {
     const int* i = host_ints;
     anyfp4_weight_mma((const u16*)host_ptrs[0], (const uint4*)host_ptrs[1], (const u16*)host_ptrs[2],
                       (const float*)host_ptrs[3], (const u16*)host_ptrs[4], host_ptrs[5], (float*)host_ptrs[6],
-                      (int*)host_ptrs[7], i[0], i[1], i[2], i[3], i[4], i[5], i[6], i[7], i[8], i[9], i[10], i[11]);
+                      (int*)host_ptrs[7], i[0], i[1], i[2], i[3], i[4], i[5], i[6], i[7], i[8], i[9], i[10]);
 }
 extern "C" int host_launch(int gx, int gy, int threads, void** ptrs, const int* ints, char* err, int errlen) {
     for (int k = 0; k < 8; ++k) host_ptrs[k] = ptrs[k];
-    for (int k = 0; k < 12; ++k) host_ints[k] = ints[k];
+    for (int k = 0; k < 11; ++k) host_ints[k] = ints[k];
     return host::run_grid(gx, gy, threads, host_body, err, errlen);
 }
 """
@@ -59,9 +59,8 @@ def _library(defines: tuple) -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
-def run(plan: weight_mma.Launch, prefetches: list | None = None) -> torch.Tensor:
-    """Run a planned launch (CPU tensors, no early launch) and return its output; ``prefetches``, if given, gets the
-    (address, bytes) of every L2 prefetch the launch asked for."""
+def run(plan: weight_mma.Launch) -> torch.Tensor:
+    """Run a planned launch (CPU tensors, no early launch) and return its output."""
     assert plan.defines["EARLY"] == 0, "the host build has no programmatic dependent launch"
     tensors, ints = plan.args[:N_POINTERS], plan.args[N_POINTERS:]
     assert len(ints) == N_INTS and all(t.device.type == "cpu" for t in tensors)
@@ -71,21 +70,13 @@ def run(plan: weight_mma.Launch, prefetches: list | None = None) -> torch.Tensor
     err = ctypes.create_string_buffer(512)
     if lib.host_launch(plan.grid[0], plan.grid[1], plan.threads, pointers, values, err, len(err)):
         raise RuntimeError(f"weight_mma.cu on the host: {err.value.decode()}")
-    if prefetches is not None:
-        lib.host_prefetches.restype = ctypes.c_longlong
-        count = lib.host_prefetches(None, ctypes.c_longlong(0))
-        pairs = (ctypes.c_ulonglong * (2 * count))()
-        lib.host_prefetches(pairs, ctypes.c_longlong(count))
-        prefetches.extend(zip(pairs[0::2], pairs[1::2]))
     return plan.out
 
 
-def gemm(fmt: str, tight: bool = False, l2_bytes: int = 0, prefetches: list | None = None):
+def gemm(fmt: str, tight: bool = False):
     """A CPU stand-in for ``nvfp4_mma_gemm`` / ``fp8_mma_gemm`` (same arguments) that runs the kernel's source;
     ``tight``: give a block only the shared memory of one pass over its ring (for each K warp; or what its K warps
-    meet in, where more), so it stages activations every pass (else the H200's ``STAGE_BYTES``); ``l2_bytes``: the
-launch's L2 prefetch budget, the (address, bytes) of whose requests go to ``prefetches``. Checks that the split-K
-counters are left at zero."""
+    meet in, where more), so it stages activations every pass (else the H200's ``STAGE_BYTES``). Checks that the split-K counters are left at zero."""
 
     def call(x, p, bias, config, out=None, out_dtype=None):
         counters = torch.zeros(1024, dtype=torch.int32)
@@ -93,9 +84,8 @@ counters are left at zero."""
                        else weight_mma.STAGE_BYTES)
         scales, gscale = (p.scales, p.global_scale) if fmt == "nvfp4" else (None, p.scales)
         plan = weight_mma.plan_launch(fmt, x, p.codes, scales, gscale, bias, p.out_features, p.up_offset, config,
-                                      out, out_dtype, stage_bytes=stage_bytes, early=False, counters=counters,
-                                      l2_bytes=l2_bytes)
-        y = run(plan, prefetches)
+                                      out, out_dtype, stage_bytes=stage_bytes, early=False, counters=counters)
+        y = run(plan)
         assert not counters.any(), "split-K counters not reset"
         return y
 

@@ -454,35 +454,6 @@ def test_early_launches_in_a_chain_wait_for_each_other(monkeypatch):
 
 @gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-def test_l2_prefetch_leaves_the_bits(fmt, monkeypatch):
-    """Asking none, part or all of the weights into L2 ahead of the loads gives the same outputs (plain and gated,
-    split-K and K warps, M = 1 and 16), and the reference's values."""
-    gen = torch.Generator(device="cuda").manual_seed(23)
-    n, k = 1536, 4096
-    if fmt == "nvfp4":
-        ws = [nvfp4_weight(n, k, gen, torch.tensor(1e-3, device="cuda")) for _ in range(3)]
-        p, pg, run = prepack_nvfp4(ws[0]), prepack_nvfp4_gated(ws[1], ws[2]), weight_mma.nvfp4_mma_gemm
-        wd = dequantize_nvfp4(ws[0]).float()
-    else:
-        ws = [quantize_fp8(torch.randn(n, k, device="cuda", generator=gen), per_channel=True) for _ in range(3)]
-        p, pg, run = prepack_fp8(ws[0]), prepack_fp8_gated(ws[1], ws[2]), weight_mma.fp8_mma_gemm
-        wd = dequantize_fp8(ws[0]).float()
-    for m in (1, 16):
-        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-        for config in (MMAConfig(1, 8, 1, 4), MMAConfig(1, 8, 4, 2), MMAConfig(2, 8, 2, 2, 4)):
-            outs = []
-            for mib in ("0", "1", "100000"):
-                monkeypatch.setenv("ANYFP4_L2_PREFETCH_MIB", mib)
-                for prepack in (p, pg):
-                    outs.append(run(x, prepack, None, config, out=torch.full((m, prepack.out_features), float("nan"),
-                                                                             device="cuda", dtype=torch.bfloat16)))
-            assert all(torch.equal(y, r) for y, r in zip(outs[2:], outs[:2] * 2)), (m, config)
-            ref = x.float() @ wd.t()
-            assert ((outs[0].float() - ref).norm() / ref.norm()).item() < 1e-2, (m, config)
-
-
-@gpu
-@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 def test_k_warps_add_up_as_split_k_does_on_the_gpu(fmt):
     """On the device: split S / kw over kw K warps gives the float32 sums of split S alone, at every n8-tile count."""
     gen = torch.Generator(device="cuda").manual_seed(20)

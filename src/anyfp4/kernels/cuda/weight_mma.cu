@@ -58,9 +58,7 @@
 // the formats. The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
 // memory holds KW * M * (kc / 2 + XS_PAD) words (each K warp's rows). Code words are loaded DEPTH steps ahead into a ring of registers, across
 // staging rounds. The main loop runs whole passes over the ring (DEPTH steps, no per-step bounds or staging checks,
-// the refills at fixed offsets), then a last partial pass. Before that (and before griddepcontrol.wait) each warp
-// asks the next l2_steps steps of its slice past the ring into L2 (a run-time argument: the launcher's share of the
-// L2 for this launch), so that far more bytes are in flight than the ring holds and the refills are L2 hits.
+// the refills at fixed offsets), then a last partial pass.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -130,14 +128,6 @@ __device__ __forceinline__ void copy_16_bytes_async(u32* dst, const u16* src, bo
 __device__ __forceinline__ void copy_8_bytes_async(u32* dst, const u16* src, bool valid) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
                  :: "r"((u32)__cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 8 : 0) : "memory");
-}
-
-// Ask for `bytes` (a multiple of 16, from a 16-byte aligned address) to be brought into L2, nothing waited for
-// (sm_90 bulk prefetch; a no-op before).
-__device__ __forceinline__ void prefetch_l2(const void* p, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-#endif
 }
 
 __device__ __forceinline__ void wait_async_copies() {
@@ -312,7 +302,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const float* __restrict__ gscale, const u16* __restrict__ bias, void* __restrict__ out,
     float* __restrict__ partial, int* __restrict__ counters,
     int M, int K, int N_OUT, int up_offset, int rows_total, int stride_c4, int stride_s2, int stride_xm,
-    int stride_om, int nsteps, int kc, int l2_steps) {
+    int stride_om, int nsteps, int kc) {
     const int xs_stride = kc / 2 + XS_PAD;  // u32 per staged row
     const int round_steps = kc / STEP;
 
@@ -382,20 +372,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #endif
     }
 
-    // The next l2_steps steps of the slice past the ring asked into L2 (one request per tile: a row tile's steps are
-    // contiguous), so that the ring's refills find them there; with EARLY while the previous kernel still runs.
-    if (lane == 0) {
-        const int p1 = min(s_end, s_beg + DEPTH + l2_steps), n = p1 - (s_beg + DEPTH);
-        if (n > 0) {
-#pragma unroll
-            for (int a = 0; a < TILES; ++a) {
-                prefetch_l2(cptr[a], (u32)n * W_STEP * 16);
-#if !FP8
-                prefetch_l2(sptr[a], (u32)n * S_STEP * 4);
-#endif
-            }
-        }
-    }
 #if EARLY
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif

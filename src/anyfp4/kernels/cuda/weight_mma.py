@@ -105,29 +105,6 @@ def stage_k(m: int, stage_bytes: int | None = None, least: int = 128, fmt: str =
     return kc
 
 
-# How much of a launch's weights its warps ask into L2 at their start (sm_90: one bulk prefetch per tile), each
-# warp the first steps of its slice past its register ring: far more bytes in flight than the rings hold, and on an
-# early launch while the previous kernel still runs. Under the H200's 50 MB of L2, with room for the previous
-# kernel's stream.
-L2_PREFETCH_MIB = 24
-
-
-def l2_prefetch_bytes(device: int) -> int:
-    """The L2 prefetch budget of a launch on ``device`` (0 before sm_90, which has no bulk prefetch)."""
-    from ...env import l2_prefetch_mib
-
-    return l2_prefetch_mib(L2_PREFETCH_MIB) * 1024**2 if device_arch(device)[0] >= 90 else 0
-
-
-def l2_steps_for(c: MMAConfig, steps: int, weight_bytes: int, budget: int) -> int:
-    """Steps past its ring each warp asks into L2: the share of its slice that keeps the whole launch within
-    ``budget`` bytes (all of it when the weights fit)."""
-    slice_steps = -(-steps // k_slices(c))
-    if budget >= weight_bytes:
-        return slice_steps
-    return max(0, budget * slice_steps // max(weight_bytes, 1) - c.depth)
-
-
 def early_launch(device: int) -> bool:
     """Programmatic dependent launch on sm_90+ unless ``ANYFP4_EARLY_LAUNCH=0``: the kernel loads its first
     weights while the previous kernel finishes."""
@@ -166,10 +143,9 @@ class Launch:
 def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
                 gscale: torch.Tensor, bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
                 out: torch.Tensor | None, out_dtype: torch.dtype | None, *, stage_bytes: int, early: bool,
-                counters: torch.Tensor | None, l2_bytes: int = 0) -> Launch:
+                counters: torch.Tensor | None) -> Launch:
     """Check the inputs and work out a launch; no GPU needed (``stage_bytes``: the shared memory a block may
-    stage activations in; ``counters``: the split-K arrival counters, all zero; ``l2_bytes``: how much of the
-    weights to ask into L2 ahead of the loads)."""
+    stage activations in; ``counters``: the split-K arrival counters, all zero)."""
     m, k = x.shape
     if not 1 <= m <= DECODE_ROWS:
         raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {DECODE_ROWS}, got {m}")
@@ -225,11 +201,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     args = [x, codes, block_scales if block_scales is not None else codes, gscale, bias if bias is not None else out,
             out, partial, counters, m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4,
             block_scales.stride(0) // 2 if block_scales is not None else 0,
-            x.stride(0), out.stride(0), steps, kc]
-    weight_bytes = grid_x * block_rows * (2 if gated else 1) * codes.shape[1] * 4
-    if block_scales is not None:
-        weight_bytes += weight_bytes // 8  # a scale byte per 16 codes (8 bytes)
-    args.append(l2_steps_for(c, steps, weight_bytes, l2_bytes))
+            x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc]
     return Launch(defines, (grid_x, c.split_k, 1), c.warps * 32, shared, args, out)
 
 
@@ -243,7 +215,7 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
     early = early_launch(device)
     counters = reserve_counters(x.device) if config.split_k > 1 else None
     plan = plan_launch(fmt, x, codes, block_scales, gscale, bias, n_rows, up_offset, config, out, out_dtype,
-                       stage_bytes=stage_bytes, early=early, counters=counters, l2_bytes=l2_prefetch_bytes(device))
+                       stage_bytes=stage_bytes, early=early, counters=counters)
     kernel = nvrtc.load(_source(), KERNEL, plan.defines, device, shared_memory=stage_bytes)
     kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
     return plan.out
