@@ -106,12 +106,6 @@ def early_launch_allowed() -> bool:
     return _choice("ANYFP4_EARLY_LAUNCH", ("0", "1"), "1") == "1"
 
 
-def stage_activations_forced() -> bool:
-    """``ANYFP4_STAGE_ACTIVATIONS``: ``1`` makes the CUDA decode kernels stage the activations in shared memory at
-    every M (as they do above 8 rows); ``0`` (default) lets each thread load its own at M <= 8. Same bits."""
-    return _choice("ANYFP4_STAGE_ACTIVATIONS", ("0", "1"), "0") == "1"
-
-
 TP_ALLREDUCE_CHOICES = ("auto", "peer", "nccl")
 
 

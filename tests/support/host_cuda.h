@@ -179,14 +179,6 @@ inline void copy_16_bytes_async(unsigned* dst, const unsigned short* src, bool v
 }
 inline void copy_8_bytes_async(unsigned* dst, const unsigned short* src, bool valid) { copy_async(dst, src, valid, 8); }
 inline void wait_async_copies() {}
-inline uint4 load_x_group(const unsigned short* p) {  // ld.global.nc.v4: a GPU faults unless 16-byte aligned
-    if (reinterpret_cast<uintptr_t>(p) % 16 && !host::fault[0])
-        std::snprintf(host::fault, sizeof host::fault, "block (%u, %u) thread %u: 16-byte load from %p, not 16-byte "
-                      "aligned (a GPU faults)", blockIdx.x, blockIdx.y, threadIdx.x, (const void*)p);
-    uint4 v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
 
 inline float act_to_float(unsigned short bits) {
     return BF16 ? host::bf16_to_float(bits) : host::half_to_float(bits);

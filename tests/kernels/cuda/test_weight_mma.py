@@ -454,30 +454,6 @@ def test_early_launches_in_a_chain_wait_for_each_other(monkeypatch):
 
 @gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-def test_activations_loaded_by_each_thread_give_the_staged_bits_on_the_gpu(fmt, monkeypatch):
-    """On the device, M = 1..8: each thread loading its own activations gives the float32 sums and the outputs of
-    staging them (``ANYFP4_STAGE_ACTIVATIONS=1``), plain and gated, split-K and K warps, rings of 1-4 steps."""
-    gen = torch.Generator(device="cuda").manual_seed(24)
-    n, k = 2048, 4096
-    if fmt == "nvfp4":
-        ws = [nvfp4_weight(n, k, gen, torch.tensor(1e-3, device="cuda")) for _ in range(3)]
-        p, pg, run = prepack_nvfp4(ws[0]), prepack_nvfp4_gated(ws[1], ws[2]), weight_mma.nvfp4_mma_gemm
-    else:
-        ws = [quantize_fp8(torch.randn(n, k, device="cuda", generator=gen), per_channel=True) for _ in range(3)]
-        p, pg, run = prepack_fp8(ws[0]), prepack_fp8_gated(ws[1], ws[2]), weight_mma.fp8_mma_gemm
-    for m in (1, 3, 8):
-        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-        for config in (MMAConfig(1, 8, 1, 4), MMAConfig(1, 8, 16, 2), MMAConfig(2, 8, 2, 2, 4), MMAConfig(1, 4, 3, 1)):
-            got = []
-            for forced in ("0", "1"):
-                monkeypatch.setenv("ANYFP4_STAGE_ACTIVATIONS", forced)
-                got.append((run(x, p, None, config, out_dtype=torch.float32), run(x, pg, None, config)))
-            assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1]), (m, config)
-            assert torch.isfinite(got[0][1]).all() and got[0][0].abs().max() > 0, (m, config)
-
-
-@gpu
-@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 def test_k_warps_add_up_as_split_k_does_on_the_gpu(fmt):
     """On the device: split S / kw over kw K warps gives the float32 sums of split S alone, at every n8-tile count."""
     gen = torch.Generator(device="cuda").manual_seed(20)

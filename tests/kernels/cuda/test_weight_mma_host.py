@@ -111,38 +111,3 @@ def test_k_warps_add_up_as_split_k_does(fmt):
         assert torch.equal(sums, run(x, p, None, alone, out_dtype=torch.float32)), (m, spread)
         assert torch.equal(tight(x, p, None, spread, out_dtype=torch.float32), sums), (m, spread)
         assert torch.equal(run(x, pg, None, spread), run(x, pg, None, alone)), (m, spread)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-def test_activations_loaded_by_each_thread_give_the_staged_bits(fmt, dtype, monkeypatch):
-    """At M <= 8 each thread loads its own activations into its ring (DIRECT_X) instead of the block staging them:
-    the same float32 sums and outputs as staged (``ANYFP4_STAGE_ACTIVATIONS=1``), plain and gated, split-K and K
-    warps, rings of 1-4 steps, a K that ends inside a step; the reference's values with poisoned outputs."""
-    from anyfp4.kernels.cuda import weight_mma
-
-    gen = torch.Generator().manual_seed(32)
-    n, k = 72, 2032  # K ends 112 k into an NVFP4 step, 48 into an FP8 one
-    if fmt == "nvfp4":
-        w, g, u = (nvfp4_weight(n, k, gen, torch.tensor(2e-3), device="cpu") for _ in range(3))
-        p, pg, wd = prepack_nvfp4(w), prepack_nvfp4_gated(g, u), dequantize_nvfp4(w).double()
-    else:
-        w, g, u = (quantize_fp8(torch.randn(n, k, generator=gen), per_channel=True) for _ in range(3))
-        p, pg, wd = prepack_fp8(w), prepack_fp8_gated(g, u), dequantize_fp8(w).double()
-    run = host_cuda.gemm(fmt)
-    bias = torch.randn(n, generator=gen).to(dtype)
-    for m, cfg in [(1, MMAConfig(1, 4, 1, 1)), (8, MMAConfig(1, 4, 3, 2)), (3, MMAConfig(1, 8, 1, 4, 2)),
-                   (5, MMAConfig(2, 4, 2, 2, 2)), (2, MMAConfig(1, 2, 1, 4))]:
-        x = torch.randn(m, k, generator=gen).to(dtype)
-        plan = weight_mma.plan_launch(fmt, x, p.codes, p.scales if fmt == "nvfp4" else None,
-                                      p.global_scale if fmt == "nvfp4" else p.scales, None, n, 0, cfg, None, None,
-                                      stage_bytes=weight_mma.STAGE_BYTES, early=False, counters=torch.zeros(64, dtype=torch.int32))
-        assert plan.defines["DIRECT_X"] == 1, (m, cfg)
-        out = torch.full((m, n), float("nan"), dtype=dtype)
-        got = [run(x, p, bias, cfg, out=out).clone(), run(x, p, None, cfg, out_dtype=torch.float32), run(x, pg, None, cfg)]
-        monkeypatch.setenv("ANYFP4_STAGE_ACTIVATIONS", "1")
-        want = [run(x, p, bias, cfg), run(x, p, None, cfg, out_dtype=torch.float32), run(x, pg, None, cfg)]
-        monkeypatch.delenv("ANYFP4_STAGE_ACTIVATIONS")
-        assert all(torch.equal(a, b) for a, b in zip(got, want)), (m, cfg)
-        ref = x.double() @ wd.t() + bias.double()
-        assert ((got[0].double() - ref).norm() / ref.norm()).item() < 4e-3, (m, cfg)

@@ -46,10 +46,7 @@
 //
 // Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16 tiles
 // per warp), WARPS, KW (warps along K per row tile), DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED, HAS_BIAS,
-// VEC_X (activation rows 16-byte aligned and K % 8 == 0: staged by cp.async), DIRECT_X (NT = 1 and VEC_X only: no
-// staging; each thread loads its own k slot of each step straight from global memory into the ring, DEPTH steps
-// ahead with the code words, and permutes it in registers: no barrier and no shared-memory round trip between
-// griddepcontrol.wait and the first mma), SPLIT (split-K slices, = gridDim.y),
+// VEC_X (activation rows 16-byte aligned and K % 8 == 0: staged by cp.async), SPLIT (split-K slices, = gridDim.y),
 // OUT_F32 (float32 output, unrounded and before the global / row scale: a row-parallel rank's share; plain prepacks
 // without bias only), EARLY (a programmatic dependent launch on sm_90: the block fills its ring of code words —
 // weights, which no kernel writes — while the previous kernel finishes, and waits for it (griddepcontrol.wait)
@@ -137,9 +134,6 @@ __device__ __forceinline__ void wait_async_copies() {
     asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
 }
 
-// 8 activations (16 bytes, 16-byte aligned) through the read-only path: nothing writes them while the kernel runs.
-__device__ __forceinline__ uint4 load_x_group(const u16* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-
 __device__ __forceinline__ u16 float_to_out(float f) {
     u16 h;
 #if BF16
@@ -212,9 +206,6 @@ __device__ __forceinline__ int acc_row_offset(int i) { return (i >> 1) * 8; }
 #endif
 #ifndef VEC_X
 #error "VEC_X (16-byte aligned activation rows, K % 8 == 0) must be defined"
-#endif
-#if !defined(DIRECT_X) || (DIRECT_X && (NT != 1 || !VEC_X))
-#error "DIRECT_X (activations loaded by each thread) must be defined, and only with NT = 1 and VEC_X"
 #endif
 #define LEAVES (SPLIT & -SPLIT)
 #define PER_LEAF (SPLIT / LEAVES)
@@ -306,18 +297,6 @@ __device__ __forceinline__ u32 word_of(const uint4& w, int q) {
     return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
 }
 
-// DIRECT_X: a thread's k slot of a step is STEP / 4 consecutive activations from t * STEP / 4 (the 8-groups
-// q + 4t of an NVFP4 step, words q of its B fragments; the 8-groups 2t, 2t + 1 of an FP8 step, words 0-1 and 2-3),
-// X_GROUPS 8-groups loaded as they lie and permuted at the mma (permute_group). Groups past K read as zeros.
-#define X_GROUPS (STEP / 32)
-__device__ __forceinline__ void load_x_slot(uint4* dst, const u16* xg, const int s, const int k_thread, const int K) {
-#pragma unroll
-    for (int j = 0; j < X_GROUPS; ++j) {
-        const int k = s * STEP + k_thread + 8 * j;
-        dst[j] = k < K ? load_x_group(xg + s * STEP + 8 * j) : make_uint4(0u, 0u, 0u, 0u);
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const u16* __restrict__ x, const uint4* __restrict__ codes, const u16* __restrict__ scales,
     const float* __restrict__ gscale, const u16* __restrict__ bias, void* __restrict__ out,
@@ -396,15 +375,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #if EARLY
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-#if DIRECT_X
-    // the activations' ring, beside the code words' (activation row g: column m = g, copies of row M - 1 past M)
-    const int x_k = t * (STEP / 4);
-    const u16* xg = x + (long long)min(g, M - 1) * stride_xm + x_k;
-    uint4 xa[DEPTH][X_GROUPS];
-#pragma unroll
-    for (int d = 0; d < DEPTH; ++d)
-        if (s_beg + d < s_end) load_x_slot(xa[d], xg, s_beg + d, x_k, K);
-#endif
     // Staging rounds start at s_beg and are a multiple of DEPTH steps long (the launcher's kc), so a round only
     // ever starts at the first step of a pass over the ring. The K warps of a block have slices of one length and
     // stage together: a round holds, for each K warp j, the same offset into its slice (rows j * M .. j * M + M - 1).
@@ -460,11 +430,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     };
     // The staged activations a thread reads: per n8 tile b its column's row (columns m >= M read a copy of row
     // M - 1: their outputs are never stored), from its k slot.
-#if !DIRECT_X
     const u32* xrow[NT];
 #pragma unroll
     for (int b = 0; b < NT; ++b) xrow[b] = xs + (kw * M + min(b * 8 + g, M - 1)) * xs_stride + t * X_T;
-#endif
 
     // Step d of the pass starting at s0 (x0: its staged activations, relative to xrow); then refill ring slot d.
     auto step = [&](const int s0, const int d, const int x0) {
@@ -473,13 +441,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // word q: one mma per row pair
             uint2 bx[NT];
-#if DIRECT_X
-            const uint4 px = permute_group(xa[d][q >> 1]);
-            bx[0] = q & 1 ? make_uint2(px.z, px.w) : make_uint2(px.x, px.y);
-#else
 #pragma unroll
             for (int b = 0; b < NT; ++b) bx[b] = *reinterpret_cast<const uint2*>(xrow[b] + xoff + q * X_Q);
-#endif
 #pragma unroll
             for (int a = 0; a < TILES; ++a) {
                 const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
@@ -493,12 +456,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             uint4 bx[NT];
-#if DIRECT_X
-            bx[0] = permute_group(xa[d][q]);
-#else
 #pragma unroll
             for (int b = 0; b < NT; ++b) bx[b] = *reinterpret_cast<const uint4*>(xrow[b] + xoff + q * X_Q);
-#endif
 #pragma unroll
             for (int a = 0; a < TILES; ++a) {
                 const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
@@ -519,9 +478,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         }
 #endif
         if (s0 + d + DEPTH < s_end) {
-#if DIRECT_X
-            load_x_slot(xa[d], xg, s0 + d + DEPTH, x_k, K);
-#endif
 #pragma unroll
             for (int a = 0; a < TILES; ++a) {
                 wa[d][a] = cptr[a][d * W_STEP];
@@ -544,14 +500,14 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 
     int s0 = s_beg;
     for (; s0 + DEPTH <= s_end; s0 += DEPTH) {  // whole passes
-        if (!DIRECT_X && s0 == round_end) stage(s0);
+        if (s0 == round_end) stage(s0);
         const int x0 = (s0 - round_beg) * (STEP / 2);
 #pragma unroll
         for (int d = 0; d < DEPTH; ++d) step(s0, d, x0);
         advance();
     }
     if (s0 < s_end) {  // the last, partial pass
-        if (!DIRECT_X && s0 == round_end) stage(s0);
+        if (s0 == round_end) stage(s0);
         const int x0 = (s0 - round_beg) * (STEP / 2);
 #pragma unroll
         for (int d = 0; d < DEPTH; ++d)

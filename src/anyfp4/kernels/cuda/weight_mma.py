@@ -105,20 +105,6 @@ def stage_k(m: int, stage_bytes: int | None = None, least: int = 128, fmt: str =
     return kc
 
 
-# The deepest ring with which a thread loads its activations itself (DIRECT_X): DEPTH steps of 64 (NVFP4) or 32
-# (FP8) bytes more registers a thread.
-DIRECT_X_MAX_DEPTH = 4
-
-
-def direct_activations(c: MMAConfig, m: int, vec_x: bool) -> bool:
-    """Whether a launch loads the activations straight into each thread's ring (one n8 tile, 16-byte aligned rows,
-    a ring of at most ``DIRECT_X_MAX_DEPTH`` steps; not under ``ANYFP4_STAGE_ACTIVATIONS=1``) instead of staging
-    them in shared memory. Same values into the same mmas: the same bits."""
-    from ...env import stage_activations_forced
-
-    return n_tiles_for(m) == 1 and vec_x and c.depth <= DIRECT_X_MAX_DEPTH and not stage_activations_forced()
-
-
 def early_launch(device: int) -> bool:
     """Programmatic dependent launch on sm_90+ unless ``ANYFP4_EARLY_LAUNCH=0``: the kernel loads its first
     weights while the previous kernel finishes."""
@@ -191,9 +177,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     while kc // 2 >= max(least, slice_k):
         kc //= 2
     gated = up_offset > 0
-    vec_x = x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0  # cp.async staging, 16-byte loads
-    direct = direct_activations(c, m, vec_x)
-    shared = reduction_bytes(c, m, gated) if direct else shared_bytes(c, m, gated, fmt, kc)
+    shared = shared_bytes(c, m, gated, fmt, kc)
     if shared > stage_bytes:
         raise ValueError(f"depth {c.depth} with {c.kw} K warps needs {shared} bytes of shared memory for {m} rows, "
                          f"more than the {stage_bytes} this GPU gives a block")
@@ -201,7 +185,8 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
-                   GATED=int(gated), HAS_BIAS=int(bias is not None), VEC_X=int(vec_x), DIRECT_X=int(direct))
+                   GATED=int(gated), HAS_BIAS=int(bias is not None),
+                   VEC_X=int(x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0))  # cp.async staging
     if out is None:
         out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
     if out.shape != (m, n_rows) or out.dtype != out_dtype or out.stride(1) != 1:
