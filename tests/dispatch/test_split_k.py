@@ -19,7 +19,7 @@ def h200(monkeypatch):
 
 
 def test_one_gpus_split_is_the_tables_at_m_1(h200):
-    assert split_k.single_gpu_split_k(GPU, "nvfp4", False, 4096, 4096) == 16
+    assert split_k.single_gpu_split_k(GPU, "nvfp4", False, 4096, 4096) == 8  # 4 blocks x 2 K warps
     assert split_k.single_gpu_split_k(GPU, "nvfp4", False, 14336, 4096) == 4  # gate_up halves' full layer: 2 blocks x 2 K warps
     assert split_k.single_gpu_split_k(GPU, "nvfp4", True, 14336, 4096) == 2
     assert split_k.single_gpu_split_k(GPU, "fp8", True, 14336, 4096) == 8
@@ -28,11 +28,11 @@ def test_one_gpus_split_is_the_tables_at_m_1(h200):
 
 
 def test_a_row_shard_takes_the_full_layers_split_over_tp(h200):
-    assert split_k.row_parallel_split_k(GPU, "nvfp4", 4096, 4096, 2) == 8
+    assert split_k.row_parallel_split_k(GPU, "nvfp4", 4096, 4096, 2) == 4
     assert split_k.row_parallel_split_k(GPU, "nvfp4", 4096, 14336, 2) == 8
     assert split_k.row_parallel_split_k(GPU, "fp8", 4096, 14336, 2) == 8
-    assert split_k.row_parallel_split_k(GPU, "nvfp4", 4096, 4096, 3) == 0  # 16 slices do not split in 3
-    assert split_k.row_parallel_split_k(GPU, "nvfp4", 4096, 4096, 32) == 0  # 32 does not divide 16
+    assert split_k.row_parallel_split_k(GPU, "nvfp4", 4096, 4096, 3) == 0  # 8 slices do not split in 3
+    assert split_k.row_parallel_split_k(GPU, "nvfp4", 4096, 4096, 16) == 0  # 16 does not divide 8
 
 
 def test_no_split_without_the_cuda_kernel(h200, monkeypatch):
