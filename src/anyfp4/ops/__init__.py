@@ -1,6 +1,6 @@
 """The one op boundary: ``torch.ops.anyfp4.*``. Every kernel is reached from here; importing this package
 registers the ops (``ops.nvfp4``, ``ops.fp8``: the quantized linears, their references and CPU paths;
-``ops.glue``: the runner's layer glue; ``ops.linear_run``: the run both formats share; ``ops.checks``: argument
+``ops.glue``: the runner's layer glue; ``ops.gdn``: the Gated DeltaNet mixer's; ``ops.linear_run``: the run both formats share; ``ops.checks``: argument
 checks).
 
 - ``nvfp4_linear(x, codes, scales, global_scale, bias, out_features, in_features)``:
@@ -27,6 +27,10 @@ checks).
 - ``rms_norm(x, weight, eps)``: RMSNorm over the last dimension (``kernels.glue.rms_norm``: one Triton
   program per row on CUDA, rows independent of each other; the pure-torch definition on the CPU);
   ``add_rms_norm(x, delta, weight, eps)``: ``(x + delta, rms_norm(x + delta))`` in one launch.
+- ``gated_delta(q, k, v, g, beta, state, chunk)``: the gated delta rule of a Gated DeltaNet layer over t tokens,
+  advancing its float32 recurrent state in place (``chunk`` 0 token by token, else chunked: prefill);
+  ``causal_conv(x, weight, conv_state)``: silu of its depthwise causal convolution over a rolling state;
+  ``gated_rms_norm(x, gate, weight, eps)``: its output norm (``kernels.gdn.reference`` on every device for now).
 
 Inside the op (so torch.compile and CUDA graphs never bake a branch in) ``dispatch.policy.choose_kernel``
 picks the kernel from M = rows of ``x``, the device and the ``ANYFP4_*`` switches read then: on CUDA,
@@ -39,6 +43,6 @@ GEMV at M = 1, dequantize + cuBLAS above). On the CPU: the C kernels (``kernels.
 pure-torch reference. Launch configs come from ``dispatch.tuning``.
 """
 
-from . import fp8, glue, nvfp4  # registers torch.ops.anyfp4.*
+from . import fp8, gdn, glue, nvfp4  # registers torch.ops.anyfp4.*
 
-__all__ = ["fp8", "glue", "nvfp4"]
+__all__ = ["fp8", "gdn", "glue", "nvfp4"]

@@ -1,0 +1,88 @@
+"""The runner's Gated DeltaNet mixer (runtime/gated_deltanet.py) against transformers' Qwen3.5 layer with the same
+weights in float32: a chunked prefill of the prompt, then decode steps from its states, give the layer's outputs
+over the whole sequence; batch rows alone equal them in the batch; wrong shapes are refused by name."""
+
+import pytest
+import torch
+
+from anyfp4.runtime.gated_deltanet import GatedDeltaNet, GDNShape
+
+hf = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+from transformers import Qwen3_5TextConfig  # noqa: E402
+
+
+def layers(seed: int):
+    torch.manual_seed(seed)
+    cfg = Qwen3_5TextConfig(hidden_size=48, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                            linear_value_head_dim=12, linear_conv_kernel_dim=4, num_hidden_layers=1,
+                            layer_types=["linear_attention"], rms_norm_eps=1e-6)
+    theirs = hf.Qwen3_5GatedDeltaNet(cfg, 0).float().eval()
+    with torch.no_grad():
+        theirs.norm.weight.copy_(1 + 0.2 * torch.randn(12))
+        theirs.dt_bias.copy_(torch.randn(4))
+        for lin in (theirs.in_proj_qkv, theirs.in_proj_z, theirs.in_proj_b, theirs.in_proj_a, theirs.out_proj):
+            lin.weight.normal_(0, 0.2)
+    shape = GDNShape(k_heads=2, v_heads=4, k_dim=8, v_dim=12, conv_kernel=4)
+    mine = GatedDeltaNet(shape, theirs.in_proj_qkv, theirs.in_proj_z, theirs.in_proj_b, theirs.in_proj_a,
+                         theirs.out_proj, theirs.conv1d.weight.detach()[:, 0].clone(), theirs.A_log.detach().clone(),
+                         theirs.dt_bias.detach().clone(), theirs.norm.weight.detach().clone(), 1e-6)
+    return theirs, mine
+
+
+class RowByRow(torch.nn.Module):
+    """A linear whose rows do not depend on how many there are (CPU matmul blocking does): one product a row."""
+
+    def __init__(self, lin):
+        super().__init__()
+        self.weight = lin.weight
+
+    def forward(self, x):
+        return (x[..., None, :] * self.weight).sum(-1)
+
+
+def close(a, b, tol=1e-4):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item() < tol
+
+
+@torch.no_grad()
+def test_prefill_then_decode_is_the_layer_over_the_whole_sequence():
+    theirs, mine = layers(1)
+    x = torch.randn(2, 44, 48)
+    want = theirs(x)
+    mine.setup_state(2)
+    y = [mine(x[:, :40])]  # > DECODE_ROWS: the chunked form
+    y += [mine(x[:, i:i + 1]) for i in range(40, 44)]  # decode steps from the prefill's states
+    assert close(torch.cat(y, 1), want)
+    mine.setup_state(2)
+    assert close(torch.cat([mine(x[:, :5]), mine(x[:, 5:44])], 1), want)  # a short prompt: token by token
+
+
+@torch.no_grad()
+def test_rows_alone_equal_rows_in_a_batch():
+    _, mine = layers(2)
+    for name in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
+        setattr(mine, name, RowByRow(getattr(mine, name)))
+    x = torch.randn(3, 6, 48)
+    mine.setup_state(3)
+    together = torch.cat([mine(x[:, i:i + 1]) for i in range(6)], 1)
+    for r in range(3):
+        mine.setup_state(1)
+        alone = torch.cat([mine(x[r:r + 1, i:i + 1]) for i in range(6)], 1)
+        assert torch.equal(alone, together[r:r + 1]), r
+
+
+def test_wrong_shapes_are_named():
+    theirs, mine = layers(3)
+    args = dict(shape=mine.shape, in_proj_qkv=theirs.in_proj_qkv, in_proj_z=theirs.in_proj_z,
+                in_proj_b=theirs.in_proj_b, in_proj_a=theirs.in_proj_a, out_proj=theirs.out_proj,
+                conv_weight=torch.zeros(80, 4), a_log=torch.zeros(4), dt_bias=torch.zeros(4),
+                norm_weight=torch.ones(12), eps=1e-6)
+    GatedDeltaNet(**args)
+    with pytest.raises(ValueError, match=r"conv weight has shape \(80, 3\), the head counts give \(80, 4\)"):
+        GatedDeltaNet(**{**args, "conv_weight": torch.zeros(80, 3)})
+    with pytest.raises(ValueError, match="A_log"):
+        GatedDeltaNet(**{**args, "a_log": torch.zeros(5)})
+    with pytest.raises(ValueError, match="value heads do not share"):
+        GatedDeltaNet(**{**args, "shape": GDNShape(3, 4, 8, 12, 4)})
+    with pytest.raises(RuntimeError, match="setup_state"):
+        mine(torch.zeros(1, 1, 48))
