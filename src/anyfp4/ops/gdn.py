@@ -21,8 +21,8 @@ def gated_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state:
     if chunk < 0:
         raise ValueError(f"gated_delta: chunk must be >= 0, got {chunk}")
     if chunk == 0:
-        return gated_delta_recurrent(q, k, v, g, beta, state)
-    return gated_delta_chunked(q, k, v, g, beta, state, chunk)
+        return gated_delta_recurrent(q, k, v, g, beta, state).contiguous()
+    return gated_delta_chunked(q, k, v, g, beta, state, chunk).contiguous()
 
 
 @gated_delta.register_fake
@@ -36,7 +36,7 @@ def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor) -> Tensor:
     from ``conv_state`` (b, channels, kernel - 1), which is left holding the last kernel - 1 inputs."""
     from ..kernels.gdn.reference import causal_conv as run
 
-    return run(x, weight, conv_state)
+    return run(x, weight, conv_state).contiguous()
 
 
 @causal_conv.register_fake
@@ -52,7 +52,7 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
     if gate.shape != x.shape or weight.shape != (x.shape[-1],):
         raise ValueError(f"gated_rms_norm: x {tuple(x.shape)}, gate {tuple(gate.shape)} and weight "
                          f"{tuple(weight.shape)} disagree")
-    return run(x, gate, weight, eps)
+    return run(x, gate, weight, eps).contiguous()
 
 
 @gated_rms_norm.register_fake

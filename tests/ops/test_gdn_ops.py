@@ -1,0 +1,45 @@
+"""The Gated DeltaNet ops (ops/gdn.py): torch.library's own checks (schema, fakes, in-place state), the result of
+their pure-torch definitions, and a one-line error for shapes that disagree."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import anyfp4.ops  # noqa: F401
+from anyfp4.kernels.gdn.reference import causal_conv, gated_delta_recurrent, gated_rms_norm
+
+
+def gdn_inputs(t=3):
+    gen = torch.Generator().manual_seed(40)
+    q, k = (torch.randn(2, t, 2, 8, generator=gen) for _ in range(2))
+    v = torch.randn(2, t, 4, 8, generator=gen)
+    g = -F.softplus(torch.randn(2, t, 4, generator=gen))
+    beta = torch.rand(2, t, 4, generator=gen)
+    return q, k, v, g, beta, torch.randn(2, 4, 8, 8, generator=gen)
+
+
+@pytest.mark.parametrize("chunk", [0, 2])
+def test_gated_delta_op(chunk):
+    q, k, v, g, beta, state = gdn_inputs()
+    torch.library.opcheck(torch.ops.anyfp4.gated_delta, (q, k, v, g, beta, state.clone(), chunk))
+    s1, s2 = state.clone(), state.clone()
+    y = torch.ops.anyfp4.gated_delta(q, k, v, g, beta, s1, chunk)
+    want = gated_delta_recurrent(q, k, v, g, beta, s2)
+    assert torch.allclose(y, want, atol=1e-5) and torch.allclose(s1, s2, atol=1e-5)
+    assert not torch.equal(s1, state)  # advanced in place
+    with pytest.raises(ValueError, match="gated_delta: q .* disagree"):
+        torch.ops.anyfp4.gated_delta(q, k[:, :2], v, g, beta, state, chunk)
+
+
+def test_conv_and_norm_ops():
+    gen = torch.Generator().manual_seed(41)
+    x, w = torch.randn(2, 3, 6, generator=gen), torch.randn(6, 4, generator=gen)
+    state = torch.randn(2, 6, 3, generator=gen)
+    torch.library.opcheck(torch.ops.anyfp4.causal_conv, (x, w, state.clone()))
+    s1, s2 = state.clone(), state.clone()
+    assert torch.equal(torch.ops.anyfp4.causal_conv(x, w, s1), causal_conv(x, w, s2)) and torch.equal(s1, s2)
+    z, nw = torch.randn(2, 3, 6, generator=gen), torch.randn(6, generator=gen)
+    torch.library.opcheck(torch.ops.anyfp4.gated_rms_norm, (x, z, nw, 1e-6))
+    assert torch.equal(torch.ops.anyfp4.gated_rms_norm(x, z, nw, 1e-6), gated_rms_norm(x, z, nw, 1e-6))
+    with pytest.raises(ValueError, match="gated_rms_norm: x .* disagree"):
+        torch.ops.anyfp4.gated_rms_norm(x, z[..., :5], nw, 1e-6)
