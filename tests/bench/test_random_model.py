@@ -76,3 +76,29 @@ def test_bench_takes_a_random_model_by_name(capsys):
     assert main(["bench", "random:smollm2-135m:fp8", "--device", "cpu", "--prompt-len", "8", "--gen-len", "2",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"] == "random:smollm2-135m:fp8"
+
+
+@pytest.mark.parametrize("fmt", ["mixed", "nvfp4", "bf16"])
+def test_the_hybrid_shape_builds_and_runs_shrunk(fmt):
+    """qwen3.5-27b: its layer pattern and Gated DeltaNet shape; four layers of it at a smaller width build from random
+    weights (mixed: FP8 attention and Gated DeltaNet projections, NVFP4 MLPs) and give finite logits for a prefill
+    and a decode step."""
+    from dataclasses import replace
+
+    from anyfp4.bench.random_model import RandomSource, random_args
+    from anyfp4.runtime.loader import build_model
+
+    args = random_args("qwen3.5-27b", fmt)
+    assert args.layer_types.count("full_attention") == 16 and args.layer_types[3] == "full_attention"
+    assert args.rope_dim == 64 and args.gdn.conv_channels == 8192 and args.num_heads * args.head_dim == 6144
+    small = replace(args, num_layers=4, layer_types=args.layer_types[:4], vocab_size=1024, hidden_size=512,
+                    intermediate_size=1024, num_heads=4, num_kv_heads=2, head_dim=64, rotary_dim=16)
+    src = RandomSource(fmt, "cpu", zero_centered=True)
+    model = build_model(small, src, torch.device("cpu"), torch.bfloat16, progress=False)
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert {"GatedDeltaNet", "FP8Linear" if fmt == "mixed" else "Attention"} <= kinds, kinds
+    model.setup_caches(1, 48)
+    with torch.no_grad():
+        prefill = model(torch.arange(40)[None], torch.arange(40))
+        step = model(torch.tensor([[4]]), torch.tensor([40]))
+    assert torch.isfinite(prefill).all() and torch.isfinite(step).all() and prefill.std() > 0.1

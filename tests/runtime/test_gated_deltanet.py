@@ -86,3 +86,48 @@ def test_wrong_shapes_are_named():
         GatedDeltaNet(**{**args, "shape": GDNShape(3, 4, 8, 12, 4)})
     with pytest.raises(RuntimeError, match="setup_state"):
         mine(torch.zeros(1, 1, 48))
+
+
+def test_speculation_and_tensor_parallelism_are_refused_for_hybrids():
+    from dataclasses import replace
+
+    from anyfp4.parallel.sharding import check_divisible
+    from anyfp4.runtime.config import ModelArgs
+    from anyfp4.runtime.generate import SamplingParams
+    from anyfp4.runtime.speculative import generate_speculative
+
+    args = ModelArgs.from_hf({"model_type": "qwen3_5_text", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 128,
+                              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                              "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
+                              "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                              "linear_conv_kernel_dim": 4})
+    assert args.rope_dim == 4 and args.gdn.conv_channels == 128 and args.attn_output_gate  # a quarter of 16
+
+    class Stub:
+        pass
+
+    stub = Stub()
+    stub.args = args
+    with pytest.raises(NotImplementedError, match="speculative decoding with the model .*Gated DeltaNet"):
+        generate_speculative(stub, [1, 2], SamplingParams(max_new_tokens=2), 2)
+    with pytest.raises(ValueError, match="tensor parallelism of Qwen3_5ForCausalLM"):
+        check_divisible(args, 2)
+    check_divisible(replace(args), 1)
+
+
+def test_hybrid_config_defaults_and_refusals():
+    from anyfp4.checkpoint.errors import CheckpointError
+    from anyfp4.runtime.config import ModelArgs, UnsupportedModelError
+
+    base = {"model_type": "qwen3_5_text", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+    args = ModelArgs.from_hf(base)  # transformers' defaults: a full attention layer every 4th, RoPE on a quarter
+    assert args.layer_types == ("linear_attention",) * 3 + ("full_attention",) + ("linear_attention",) * 3 + (
+        "full_attention",)
+    assert args.rope_dim == 4 and (args.gdn.k_heads, args.gdn.v_heads, args.gdn.k_dim) == (16, 32, 128)
+    with pytest.raises(CheckpointError, match="'layer_types' must list 8 entries"):
+        ModelArgs.from_hf({**base, "layer_types": ["linear_attention"] * 7})
+    with pytest.raises(CheckpointError, match="'linear_num_value_heads' 6 is not a multiple"):
+        ModelArgs.from_hf({**base, "linear_num_key_heads": 4, "linear_num_value_heads": 6})
+    with pytest.raises(UnsupportedModelError, match="mixture-of-experts MLPs are not supported yet"):
+        ModelArgs.from_hf({**base, "model_type": "qwen3_5_moe"})

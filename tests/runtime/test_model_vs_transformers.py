@@ -62,12 +62,16 @@ def test_smollm2_teacher_forced(smollm2_bf16, tmp_path, fmt):
 
 def random_hf_checkpoint(tmp_path, hf_class, config):
     torch.manual_seed(0)
-    model = hf_class(config).to(torch.bfloat16)
-    model.save_pretrained(str(tmp_path))
+    model = hf_class(config)
+    with torch.no_grad():  # norms, decay rates and biases off their initial values (zero-centered norms start at 0)
+        for name, t in model.named_parameters():
+            if t.dim() == 1:
+                t.add_(0.3 * torch.randn_like(t))
+    model.to(torch.bfloat16).save_pretrained(str(tmp_path))
     return tmp_path
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "mistral", "qwen3_5"])
 def test_architectures_match_transformers(tmp_path, arch):
     import transformers as tf
 
@@ -81,6 +85,10 @@ def test_architectures_match_transformers(tmp_path, arch):
         cls, config = tf.Qwen2ForCausalLM, tf.Qwen2Config(**common)
     elif arch == "qwen3":
         cls, config = tf.Qwen3ForCausalLM, tf.Qwen3Config(**common, head_dim=32)
+    elif arch == "qwen3_5":  # a hybrid: Gated DeltaNet in three of four layers, gated attention with partial RoPE
+        cls, config = tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig(
+            **{**common, "num_hidden_layers": 4}, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=32, linear_value_head_dim=32)
     else:
         cls, config = tf.MistralForCausalLM, tf.MistralConfig(**common)
     config.architectures = [cls.__name__]
@@ -89,6 +97,32 @@ def test_architectures_match_transformers(tmp_path, arch):
     compare(cls, src, src, ids, min_top1=1.0)  # the float checkpoint itself
     q = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(format=TargetFormat.MIXED, progress=False)).dst
     compare(cls, src, q, ids, min_top1=1.0)
+
+
+def test_a_hybrids_decode_steps_follow_its_prefill(tmp_path):
+    """Qwen3.5 hybrid: a prefill (chunked Gated DeltaNet) then token-by-token steps from its states and caches give
+    the logits of one pass over the whole sequence; a new setup_caches starts from empty states."""
+    import transformers as tf
+
+    config = tf.Qwen3_5TextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=512, head_dim=32, linear_num_key_heads=2,
+                                  linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                                  tie_word_embeddings=False, architectures=["Qwen3_5ForCausalLM"])
+    src = random_hf_checkpoint(tmp_path, tf.Qwen3_5ForCausalLM, config)
+    model, _ = load_model(src, "cpu", torch.float32, progress=False)
+    ids = torch.randint(0, 512, (1, 48), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for _ in range(2):  # the second time from a fresh setup_caches
+            model.setup_caches(1, 64)
+            whole = model(ids, torch.arange(48))
+            model.setup_caches(1, 64)
+            steps = [model(ids[:, :40], torch.arange(40))]
+            steps += [model(ids[:, i:i + 1], torch.tensor([i])) for i in range(40, 48)]
+            stepped = torch.cat(steps, 1)
+            assert torch.equal(stepped.argmax(-1), whole.argmax(-1))
+            assert (stepped - whole).abs().max().item() <= LOGIT_ATOL
+        with pytest.raises(NotImplementedError, match="left-padded batches"):
+            model(ids, torch.arange(48), key_valid=torch.ones(1, 64, dtype=torch.bool))
 
 
 # On a GPU in fp16 / bf16 the runner's kernels (not the reference) run: activations are rounded to fp16 /
@@ -119,3 +153,27 @@ def test_smollm2_teacher_forced_on_gpu(smollm2_bf16, tmp_path, fmt, dtype):
     assert top1 >= GPU_MIN_TOP1, top1
     ours_err, their_err = (logits - ref).abs().max().item(), (theirs - ref).abs().max().item()
     assert ours_err <= 2 * their_err, (ours_err, their_err)
+
+
+def test_a_hybrid_config_that_disagrees_with_its_tensors_names_the_layer(tmp_path):
+    import json
+
+    import transformers as tf
+
+    from anyfp4.checkpoint.errors import CheckpointError
+    from anyfp4.runtime.plan import plan_checkpoint
+
+    config = tf.Qwen3_5TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=256, head_dim=16, linear_num_key_heads=2,
+                                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                                  architectures=["Qwen3_5ForCausalLM"])
+    src = random_hf_checkpoint(tmp_path, tf.Qwen3_5ForCausalLM, config)
+    plan_checkpoint(src)
+    original = json.loads((src / "config.json").read_text())
+    for edit, match in [({"layer_types": ["full_attention"] + original["layer_types"][1:]},
+                         "model.layers.0.self_attn.q_proj"),
+                        ({"linear_num_value_heads": 2}, "model.layers.0.linear_attn.in_proj_qkv is 128 x 64 but "
+                                                        "config.json implies 96 x 64")]:
+        (src / "config.json").write_text(json.dumps({**original, **edit}))
+        with pytest.raises(CheckpointError, match=match):
+            plan_checkpoint(src)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runtime.config import ModelArgs
+from ..runtime.config import FULL_ATTENTION, LINEAR_ATTENTION, GDNShape, ModelArgs
 from ..runtime.loader import WeightSource, build_model
 from .random_weights import random_bf16, random_fp8, random_nvfp4
 
@@ -25,6 +25,14 @@ ARCHS = {
     "qwen3-8b": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                      num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6,
                      rope_theta=1000000.0, max_position_embeddings=40960, qk_norm=True),
+    # the 27B Qwen3.5-style hybrid: Gated DeltaNet in three of every four layers (head counts: transformers' Qwen3.5
+    # defaults), gated full attention with RoPE on a quarter of each head in the fourth
+    "qwen3.5-27b": dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=5120, intermediate_size=17408,
+                        num_layers=64, num_heads=24, num_kv_heads=4, head_dim=256, rms_norm_eps=1e-6,
+                        rope_theta=10000000.0, max_position_embeddings=262144, qk_norm=True,
+                        layer_types=tuple(FULL_ATTENTION if i % 4 == 3 else LINEAR_ATTENTION for i in range(64)),
+                        gdn=GDNShape(k_heads=16, v_heads=32, k_dim=128, v_dim=128, conv_kernel=4), rotary_dim=64,
+                        attn_output_gate=True, zero_centered_norms=True),
     "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
                          num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5,
                          rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True),
@@ -91,10 +99,10 @@ class RandomSource(WeightSource):
     """``fmt``: one of ``FORMATS``, the lm_head bf16 (as ModelOpt exports keep it), or with the suffix
     ``+lm_head`` quantized like the rest (as ``anyfp4 quantize --no-default-exclude`` writes it)."""
 
-    def __init__(self, fmt: str, device, seed: int = 0, tied: bool = False):
+    def __init__(self, fmt: str, device, seed: int = 0, tied: bool = False, zero_centered: bool = False):
         base = check_random_format(fmt, tied)
         self.quantized_head = base != fmt
-        self.fmt, self.device, self.tied = base, torch.device(device), tied
+        self.fmt, self.device, self.tied, self.zero_centered = base, torch.device(device), tied, zero_centered
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
 
     def _format_of(self, name: str) -> str:
@@ -102,8 +110,8 @@ class RandomSource(WeightSource):
             return "nvfp4" if self.fmt == "mixed" else self.fmt
         if name == "lm_head" or self.fmt == "bf16":
             return "bf16"
-        if self.fmt == "mixed":
-            return "fp8" if ".self_attn." in name else "nvfp4"
+        if self.fmt == "mixed":  # as ModelOpt's MIXED exports: FP8 attention and Gated DeltaNet projections
+            return "fp8" if ".self_attn." in name or ".linear_attn." in name else "nvfp4"
         return self.fmt
 
     def linear(self, name, out_features, in_features):
@@ -118,8 +126,9 @@ class RandomSource(WeightSource):
         return random_bf16(out_features, in_features, d, g, std=in_features**-0.5), None
 
     def tensor(self, name, shape, device, dtype):
-        if name.endswith("norm.weight"):
-            return torch.ones(shape, device=device, dtype=dtype)
+        if name.endswith("norm.weight"):  # 1 as applied (a zero-centered norm stores 1 as 0)
+            zero_centered = self.zero_centered and "linear_attn.norm" not in name
+            return torch.full(shape, 0.0 if zero_centered else 1.0, device=device, dtype=dtype)
         return (torch.randn(shape, device=self.device, generator=self.gen) * 0.02).to(device=device, dtype=dtype)
 
     def has_linear(self, name):
@@ -131,7 +140,7 @@ def random_model(arch: str, fmt: str, device, dtype, seed: int = 0, progress: bo
     """A model of ``arch``'s shape with random ``fmt`` weights made on ``device``; with ``tp`` > 1 rank
     ``rank``'s shard of it (every rank draws the same full tensors and keeps its slice)."""
     args = random_args(arch, fmt)
-    src = RandomSource(fmt, device, seed, tied=args.tie_word_embeddings)
+    src = RandomSource(fmt, device, seed, tied=args.tie_word_embeddings, zero_centered=args.zero_centered_norms)
     if tp > 1:
         from ..parallel.model import build_model_tp
 

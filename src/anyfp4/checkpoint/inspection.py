@@ -61,6 +61,9 @@ def inspect_checkpoint(path: str | Path, check_values: bool = True, progress: bo
         report["error"] = str(e)
         return report
     report["architecture"] = plan.architecture
+    types = plan.args.layer_types
+    if types:  # a hybrid: which token mixer each decoder layer has
+        report["layer_types"] = {t: types.count(t) for t in dict.fromkeys(types)}
     try:
         _check_generation_files(reader.root, plan.args.vocab_size)
     except CheckpointError as e:
@@ -168,6 +171,9 @@ def print_report(report: dict) -> None:
         )
     if report["valid"]:
         checked = "structure, config and values" if report.get("values_checked") else "structure and config; values not"
+        mixers = report.get("layer_types")
+        if mixers:
+            console.print("decoder layers: " + ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in mixers.items()))
         console.print(f"[green]valid[/green] ({checked} checked); runs as {report['architecture']}")
     else:
         console.print(f"[red]{report['status']}:[/red] {report['error']}", highlight=False, soft_wrap=True)

@@ -28,6 +28,9 @@ ROW_PARALLEL = ("o_proj", "down_proj")
 
 
 def check_divisible(args: ModelArgs, tp: int) -> None:
+    if args.layer_types and tp > 1:
+        raise ValueError(f"tensor parallelism of {args.architecture} (Gated DeltaNet layers) is not supported yet: "
+                         "run it on one GPU")
     problems = []
     if args.num_kv_heads % tp:
         problems.append(f"{args.num_kv_heads} key/value heads")

@@ -12,8 +12,12 @@ from ..checkpoint.errors import CheckpointError
 
 # model_type -> the transformers classes whose computation the generic decoder reproduces.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM"}
 SUPPORTED_MODEL_TYPES = set(ARCHITECTURES)
+HYBRID_MODEL_TYPES = ("qwen3_5_text",)  # Gated DeltaNet layers beside gated full attention
+LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
+# Hybrids whose MLPs are mixtures of experts: refused with their own message until experts are supported.
+HYBRID_MOE_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok")
 FLOAT32_TINY = 2.0**-126  # the smallest normal float32: the RMSNorm epsilon is added in float32
 
@@ -23,6 +27,20 @@ class UnsupportedModelError(CheckpointError):
 
 
 _REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class GDNShape:
+    """The head counts and sizes of a Gated DeltaNet layer: value head h reads key head h // (v_heads / k_heads)."""
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
 
 
 class _Fields:
@@ -98,11 +116,25 @@ class ModelArgs:
     qkv_bias: bool = False  # Qwen2 always; Llama / Qwen3 with attention_bias
     o_bias: bool = False  # Llama / Qwen3 with attention_bias
     qk_norm: bool = False  # Qwen3: RMSNorm on each head of q and k
+    # Qwen3.5 hybrids: each layer's token mixer (LINEAR_ATTENTION: a Gated DeltaNet of shape ``gdn``, or
+    # FULL_ATTENTION); empty: every layer full attention
+    layer_types: tuple = ()
+    gdn: GDNShape | None = None
+    rotary_dim: int = 0  # the leading dims of a head that RoPE rotates (0: all of them)
+    attn_output_gate: bool = False  # q_proj also gives a gate: attention output * sigmoid(gate)
+    zero_centered_norms: bool = False  # RMSNorm weights stored as w, applied as 1 + w
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
             raise UnsupportedModelError(f"{self.num_heads} attention heads are not a multiple of "
                                         f"{self.num_kv_heads} key/value heads")
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rotary_dim or self.head_dim
+
+    def layer_type(self, i: int) -> str:
+        return self.layer_types[i] if self.layer_types else FULL_ATTENTION
 
     @property
     def architecture(self) -> str:
@@ -120,10 +152,15 @@ class ModelArgs:
         f = _Fields(config, source)
         model_type = config.get("model_type")
         archs = config.get("architectures")
+        if model_type in HYBRID_MOE_MODEL_TYPES:
+            raise UnsupportedModelError(f"model_type {model_type!r}: hybrid models with mixture-of-experts MLPs are not "
+                                        "supported yet (their dense Qwen3.5 relatives, 'qwen3_5_text', are)",
+                                        file=source)
         if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} ({archs}) is not supported; anyfp4 runs "
-                f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))} decoders (Llama 1/2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM)",
+                f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))} decoders (Llama 1/2/3, Mistral, Qwen2/2.5, Qwen3, "
+                "Qwen3.5 text, SmolLM)",
                 file=source)
         _check_architecture(f, model_type, archs)
         if f.get("hidden_act", "silu") != "silu":
@@ -142,6 +179,7 @@ class ModelArgs:
             raise f.fail(f"head_dim {head_dim} ('head_dim' or hidden_size / num_attention_heads) must be even and "
                          ">= 2 (rotary embeddings rotate pairs)")
         attention_bias = f.bool("attention_bias", False)
+        hybrid = _hybrid_fields(f, f.int("num_hidden_layers"), head_dim) if model_type in HYBRID_MODEL_TYPES else {}
         return cls(
             model_type=model_type,
             vocab_size=f.int("vocab_size"),
@@ -158,7 +196,8 @@ class ModelArgs:
             tie_word_embeddings=f.bool("tie_word_embeddings", False),
             qkv_bias=model_type == "qwen2" or (attention_bias and model_type != "mistral"),
             o_bias=attention_bias and model_type in ("llama", "qwen3"),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3",) + HYBRID_MODEL_TYPES,
+            **hybrid,
         )
 
 
@@ -175,6 +214,34 @@ def _check_architecture(f: _Fields, model_type: str, archs: object) -> None:
     if experts:
         raise UnsupportedModelError(f"mixture-of-experts models ({experts[0]!r} = {f.config[experts[0]]!r}) are not "
                                     "supported", file=f.source)
+
+
+def _hybrid_fields(f: _Fields, layers: int, head_dim: int) -> dict:
+    """A Qwen3.5 hybrid's layer types, Gated DeltaNet shape, partial rotary dims, output gate and (1 + w) norms
+    (keys missing from config.json take transformers' defaults for Qwen3.5)."""
+    types = f.config.get("layer_types")
+    if types is None:  # every full_attention_interval-th layer full attention, as transformers derives it
+        interval = f.int("full_attention_interval", 4)
+        types = [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or any(t not in (LINEAR_ATTENTION, FULL_ATTENTION)
+                                                                   for t in types):
+        raise f.fail(f"'layer_types' must list {layers} entries ('num_hidden_layers'), each {LINEAR_ATTENTION!r} or "
+                     f"{FULL_ATTENTION!r}; found {types!r}")
+    gdn = GDNShape(k_heads=f.int("linear_num_key_heads", 16), v_heads=f.int("linear_num_value_heads", 32),
+                   k_dim=f.int("linear_key_head_dim", 128), v_dim=f.int("linear_value_head_dim", 128),
+                   conv_kernel=f.int("linear_conv_kernel_dim", 4, minimum=2))
+    if gdn.v_heads % gdn.k_heads:
+        raise f.fail(f"'linear_num_value_heads' {gdn.v_heads} is not a multiple of 'linear_num_key_heads' "
+                     f"{gdn.k_heads}")
+    partial = f.float("partial_rotary_factor", 0.25, minimum=0.0, maximum=1.0,
+                      where={"partial_rotary_factor": f.object("rope_parameters").get(
+                          "partial_rotary_factor", f.config.get("partial_rotary_factor"))})
+    rotary = int(head_dim * partial)
+    if rotary < 2 or rotary % 2:
+        raise f.fail(f"partial_rotary_factor {partial:g} of head_dim {head_dim} rotates {rotary} dims: must be even "
+                     "and >= 2")
+    return dict(layer_types=tuple(types), gdn=gdn, rotary_dim=rotary, attn_output_gate=True,
+                zero_centered_norms=True)
 
 
 def _rope_theta(f: _Fields) -> float:
@@ -215,7 +282,7 @@ def _context(f: _Fields, model_type: str) -> int:
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     """Inverse frequencies of the rotary embedding (float32), llama3 scaling applied when configured."""
-    dim = args.head_dim
+    dim = args.rope_dim
     inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if not args.rope_scaling:
         return inv_freq

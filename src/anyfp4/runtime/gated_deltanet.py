@@ -6,8 +6,6 @@ whatever linears the loader builds (any format); the states live in fixed buffer
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,22 +13,9 @@ from torch import nn
 from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
 from ..dispatch.limits import DECODE_ROWS
 from ..kernels.gdn.reference import per_row
+from .config import GDNShape
 
 PREFILL_CHUNK = 64  # tokens per chunk of the gated delta rule beyond DECODE_ROWS (token by token up to it)
-
-
-@dataclass(frozen=True)
-class GDNShape:
-    """The head counts and sizes of a Gated DeltaNet layer: value head h reads key head h // (v_heads / k_heads)."""
-    k_heads: int
-    v_heads: int
-    k_dim: int
-    v_dim: int
-    conv_kernel: int
-
-    @property
-    def conv_channels(self) -> int:
-        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
 
 
 class GatedDeltaNet(nn.Module):
@@ -69,8 +54,9 @@ class GatedDeltaNet(nn.Module):
             else:
                 setattr(self, name, torch.zeros(shape, dtype=dtype, device=dev))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (b, t, hidden), the t tokens after those the states have seen -> (b, t, hidden)."""
+    def forward(self, x: torch.Tensor, *positions) -> torch.Tensor:
+        """x (b, t, hidden), the t tokens after those the states have seen -> (b, t, hidden). ``positions`` (an
+        attention layer's cos, sin, mask and cache slots) are not needed: the states hold the sequence so far."""
         if self.recurrent_state is None or self.recurrent_state.shape[0] != x.shape[0]:
             raise RuntimeError(f"Gated DeltaNet state not set up for a batch of {x.shape[0]} (setup_state)")
         s = self.shape

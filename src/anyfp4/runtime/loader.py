@@ -15,7 +15,8 @@ from tqdm import tqdm
 from ..checkpoint.errors import CheckpointError
 from ..checkpoint.reader import CheckpointReader
 from ..nn.linear import DenseLinear, GatedMLP, fused_linear, make_linear
-from .config import ModelArgs
+from .config import LINEAR_ATTENTION, ModelArgs
+from .gated_deltanet import GatedDeltaNet
 from .model import Attention, Block, RMSNorm, Transformer
 from .plan import ModelPlan, plan_checkpoint
 
@@ -59,10 +60,43 @@ class CheckpointSource(WeightSource):
         return name in self.plan.linears
 
 
+def _norm(src: WeightSource, args: ModelArgs, name: str, size: int, device, dtype) -> RMSNorm:
+    """An RMSNorm's weight; a zero-centered one (stored w, applied 1 + w) kept as 1 + w in float32."""
+    if args.zero_centered_norms:
+        return RMSNorm(1.0 + src.tensor(name, (size,), device, torch.float32), args.rms_norm_eps)
+    return RMSNorm(src.tensor(name, (size,), device, dtype), args.rms_norm_eps)
+
+
+def _gated_deltanet(src: WeightSource, args: ModelArgs, p: str, device, dtype) -> GatedDeltaNet:
+    g, h = args.gdn, args.hidden_size
+    vd = g.v_heads * g.v_dim
+    lin = {name: make_linear(*src.linear(f"{p}linear_attn.{name}", n, k), device, dtype) for name, n, k in (
+        ("in_proj_qkv", g.conv_channels, h), ("in_proj_z", vd, h), ("in_proj_b", g.v_heads, h),
+        ("in_proj_a", g.v_heads, h), ("out_proj", h, vd))}
+    conv = src.tensor(f"{p}linear_attn.conv1d.weight", (g.conv_channels, 1, g.conv_kernel), device, dtype)[:, 0]
+    return GatedDeltaNet(g, **lin, conv_weight=conv.contiguous(),
+                         a_log=src.tensor(f"{p}linear_attn.A_log", (g.v_heads,), device, torch.float32),
+                         dt_bias=src.tensor(f"{p}linear_attn.dt_bias", (g.v_heads,), device, torch.float32),
+                         norm_weight=src.tensor(f"{p}linear_attn.norm.weight", (g.v_dim,), device, dtype),
+                         eps=args.rms_norm_eps)
+
+
 def _block(src: WeightSource, args: ModelArgs, i: int, device, dtype) -> Block:
-    p = f"model.layers.{i}."
+    p, h = f"model.layers.{i}.", args.hidden_size
+    mixer = _gated_deltanet(src, args, p, device, dtype) if args.layer_type(i) == LINEAR_ATTENTION else \
+        _attention(src, args, p, device, dtype)
+    i_size = args.intermediate_size
+    gate, up = (src.linear(f"{p}mlp.{x}_proj", i_size, h)[0] for x in ("gate", "up"))
+    down = src.linear(f"{p}mlp.down_proj", h, i_size)[0]
+    mlp = GatedMLP(gate, up, down, device, dtype)
+    norms = [_norm(src, args, f"{p}{n}.weight", h, device, dtype) for n in ("input_layernorm", "post_attention_layernorm")]
+    return Block(mixer, mlp, *norms)
+
+
+def _attention(src: WeightSource, args: ModelArgs, p: str, device, dtype) -> Attention:
     h, hd = args.hidden_size, args.head_dim
-    rows = (args.num_heads * hd, args.num_kv_heads * hd, args.num_kv_heads * hd)
+    q_rows = args.num_heads * hd * (2 if args.attn_output_gate else 1)
+    rows = (q_rows, args.num_kv_heads * hd, args.num_kv_heads * hd)
     loaded = [src.linear(f"{p}self_attn.{x}_proj", n, h) for x, n in zip("qkv", rows)]
     qkv = fused_linear([w for w, _ in loaded], [b for _, b in loaded], device, dtype)
     if qkv is None:
@@ -70,23 +104,15 @@ def _block(src: WeightSource, args: ModelArgs, i: int, device, dtype) -> Block:
     o, o_bias = src.linear(f"{p}self_attn.o_proj", h, args.num_heads * hd)
     q_norm = k_norm = None
     if args.qk_norm:
-        q_norm = RMSNorm(src.tensor(f"{p}self_attn.q_norm.weight", (hd,), device, dtype), args.rms_norm_eps)
-        k_norm = RMSNorm(src.tensor(f"{p}self_attn.k_norm.weight", (hd,), device, dtype), args.rms_norm_eps)
-    attn = Attention(args, qkv, make_linear(o, o_bias, device, dtype), q_norm, k_norm)
-    i_size = args.intermediate_size
-    gate, up = (src.linear(f"{p}mlp.{x}_proj", i_size, h)[0] for x in ("gate", "up"))
-    down = src.linear(f"{p}mlp.down_proj", h, i_size)[0]
-    mlp = GatedMLP(gate, up, down, device, dtype)
-    norms = [RMSNorm(src.tensor(f"{p}{n}.weight", (h,), device, dtype), args.rms_norm_eps)
-             for n in ("input_layernorm", "post_attention_layernorm")]
-    return Block(attn, mlp, *norms)
+        q_norm, k_norm = (_norm(src, args, f"{p}self_attn.{n}.weight", hd, device, dtype) for n in ("q_norm", "k_norm"))
+    return Attention(args, qkv, make_linear(o, o_bias, device, dtype), q_norm, k_norm)
 
 
 def build_model(args: ModelArgs, src: WeightSource, device, dtype, progress: bool = True) -> Transformer:
     embed = src.tensor("model.embed_tokens.weight", (args.vocab_size, args.hidden_size), device, dtype)
     blocks = [_block(src, args, i, device, dtype)
               for i in tqdm(range(args.num_layers), desc="loading", unit="layer", disable=not progress)]
-    norm = RMSNorm(src.tensor("model.norm.weight", (args.hidden_size,), device, dtype), args.rms_norm_eps)
+    norm = _norm(src, args, "model.norm.weight", args.hidden_size, device, dtype)
     if src.has_linear("lm_head"):
         w, b = src.linear("lm_head", args.vocab_size, args.hidden_size)
         lm_head = make_linear(w, b, device, dtype)

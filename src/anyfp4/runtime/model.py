@@ -1,8 +1,10 @@
-"""One generic decoder for Llama 1/2/3, Mistral, Qwen2/2.5, Qwen3 and SmolLM, with a static KV cache.
+"""One generic decoder for Llama 1/2/3, Mistral, Qwen2/2.5, Qwen3, Qwen3.5 text and SmolLM, with a static KV cache.
 
-RMSNorm, rotary embeddings (HF "rotate half" convention, llama3 scaling), grouped-query
-attention, SwiGLU, tied or untied embeddings, q/k/v biases (Qwen2), q/k RMSNorm (Qwen3). The
-linears are built by the loader (``nn/linear.py``): the model never sees a weight format.
+RMSNorm, rotary embeddings (HF "rotate half" convention, llama3 scaling, partial rotary), grouped-query
+attention, SwiGLU, tied or untied embeddings, q/k/v biases (Qwen2), q/k RMSNorm (Qwen3), an output gate on the
+attention (Qwen3.5), Gated DeltaNet token mixers in place of attention in some layers (Qwen3.5 hybrids:
+``gated_deltanet.py``, their states beside the KV cache). The linears are built by the loader (``nn/linear.py``):
+the model never sees a weight format.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..dispatch.limits import DECODE_ROWS
 from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
+from ..kernels.gdn.reference import per_row
 from ..kernels.glue.reference import rope_cache_reference
 from .config import ModelArgs, rope_inv_freq
+from .gated_deltanet import GatedDeltaNet
 
 
 # Prefill attention backends whose forward gives the same bits run after run. cuDNN's is left out: on the H200
@@ -36,6 +40,17 @@ def attend_small(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     # a large finite fill: a fully masked row (a padding position) stays finite instead of NaN
     p = torch.softmax(scores.masked_fill(~m, -1e30), dim=-1).to(v.dtype)
     return torch.matmul(p, v).reshape(b, h, t, hd)
+
+
+def rotate_leading(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Partial rotary embedding: the first cos.shape[-1] dims of each head of x (b, t, h, hd) rotated ("rotate
+    half" within them), the rest passed through; cos / sin (b or 1, t, rotary dims) float32; x's dtype out."""
+    rd = cos.shape[-1]
+    xf = x.float()
+    rot, rest = xf[..., :rd], xf[..., rd:]
+    half = rd // 2
+    turned = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    return torch.cat((rot * cos[:, :, None] + turned * sin[:, :, None], rest), dim=-1).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -66,26 +81,45 @@ class Attention(nn.Module):
         a = self.args
         if isinstance(self.qkv, nn.ModuleList):
             return tuple(m(x) for m in self.qkv)
-        return self.qkv(x).split([a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim,
-                                  a.num_kv_heads * a.head_dim], dim=-1)
+        q_rows = a.num_heads * a.head_dim * (2 if a.attn_output_gate else 1)
+        return self.qkv(x).split([q_rows, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim], dim=-1)
 
     def forward(self, x, cos, sin, mask, input_pos):
         a = self.args
         b, t, _ = x.shape
         q, k, v = self.project(x)
-        q = q.view(b, t, a.num_heads, a.head_dim)
+        gate = None
+        if a.attn_output_gate:  # per head: its query, then its gate
+            q, gate = q.view(b, t, a.num_heads, 2 * a.head_dim).split(a.head_dim, dim=-1)
+            gate = gate.reshape(b, t, a.num_heads * a.head_dim)
+        q = q.reshape(b, t, a.num_heads, a.head_dim)
         k = k.view(b, t, a.num_kv_heads, a.head_dim)
         v = v.view(b, t, a.num_kv_heads, a.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        # Rotary embedding of q and k, k and v into the caches: one launch on CUDA. Under torch.compile its
-        # pure-torch definition is traced instead (fused by the compiler; the caches stay plain in-place
-        # updates, with no functionalized copies of them).
-        rope = rope_cache_reference if torch.compiler.is_compiling() else torch.ops.anyfp4.rope_cache
-        q = rope(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos).transpose(1, 2)  # (b, h, t, hd)
+        if a.rope_dim < a.head_dim:  # partial rotary: rotated here, k and v written to the caches as they are
+            q, k = rotate_leading(q, cos[:, 0], sin[:, 0]), rotate_leading(k, cos[:, 0], sin[:, 0])
+            self.k_cache.index_copy_(2, input_pos, k.to(self.k_cache.dtype).transpose(1, 2))
+            self.v_cache.index_copy_(2, input_pos, v.to(self.v_cache.dtype).transpose(1, 2))
+            q = q.transpose(1, 2)
+        else:
+            # Rotary embedding of q and k, k and v into the caches: one launch on CUDA. Under torch.compile its
+            # pure-torch definition is traced instead (fused by the compiler; the caches stay plain in-place
+            # updates, with no functionalized copies of them).
+            rope = rope_cache_reference if torch.compiler.is_compiling() else torch.ops.anyfp4.rope_cache
+            q = rope(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos).transpose(1, 2)
+        y = self.attend(q, mask, input_pos)  # (b, t, h * hd)
+        if gate is not None:
+            y = y * per_row(torch.sigmoid, gate)
+        return self.o_proj(y)
+
+    def attend(self, q, mask, input_pos):
+        """q (b, h, t, hd) over the caches -> (b, t, h * hd)."""
+        a = self.args
+        b, _, t, _ = q.shape
         if t <= DECODE_ROWS and q.is_cuda:  # rows independent of t: decode and verify steps give the same bits
             y = torch.ops.anyfp4.small_attention(q, self.k_cache, self.v_cache, mask, input_pos)
-            return self.o_proj(y.reshape(b, t, a.num_heads * a.head_dim))
+            return y.reshape(b, t, a.num_heads * a.head_dim)
         if t <= DECODE_ROWS:  # decode and verify steps: attention over the cache (small_attention / attend_small)
             y = attend_small(q, self.k_cache, self.v_cache, mask)
         else:
@@ -93,7 +127,7 @@ class Attention(nn.Module):
             kr, vr = (c.repeat_interleave(g, dim=1) if g > 1 else c for c in (self.k_cache, self.v_cache))
             with sdpa_kernel(DETERMINISTIC_SDPA):
                 y = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, a.num_heads * a.head_dim))
+        return y.transpose(1, 2).reshape(b, t, a.num_heads * a.head_dim)
 
 
 class Block(nn.Module):
@@ -139,6 +173,9 @@ class Transformer(nn.Module):
             raise ValueError(f"{max_seq} tokens exceed the model's context of {a.max_position_embeddings}")
         shape = (batch, a.num_kv_heads, max_seq, a.head_dim)
         for blk in self.blocks:
+            if isinstance(blk.attn, GatedDeltaNet):
+                blk.attn.setup_state(batch)
+                continue
             for name in ("k_cache", "v_cache"):
                 old = getattr(blk.attn, name)
                 if old is not None and old.shape == shape and old.dtype == self.dtype and old.device == self.device:
@@ -154,6 +191,9 @@ class Transformer(nn.Module):
         Left-padded batches pass ``rope_pos`` (b, t), each row's own positions, and ``key_valid``
         (b, S), False on padding slots.
         """
+        if key_valid is not None and any(isinstance(blk.attn, GatedDeltaNet) for blk in self.blocks):
+            raise NotImplementedError("left-padded batches of a model with Gated DeltaNet layers are not supported "
+                                      "(padding would enter their recurrent state): run its prompts one at a time")
         x = F.embedding(tokens, self.embed)
         pos = (input_pos[None, :] if rope_pos is None else rope_pos).float()
         freqs = pos[..., None] * self.inv_freq

@@ -21,7 +21,7 @@ from typing import Mapping
 from ..checkpoint.errors import CheckpointError
 from ..checkpoint.modules import FLOAT_DTYPES, IGNORED_SUFFIXES, LayerSpec
 from ..checkpoint.reader import CheckpointReader
-from .config import ModelArgs
+from .config import LINEAR_ATTENTION, ModelArgs
 
 EMBEDDING = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
@@ -60,11 +60,24 @@ class ModelPlan:
 def block_linears(args: ModelArgs, i: int) -> dict[str, LinearPlan]:
     p, h, hd = f"model.layers.{i}.", args.hidden_size, args.head_dim
     q, kv, inter = args.num_heads * hd, args.num_kv_heads * hd, args.intermediate_size
+    if args.layer_type(i) == LINEAR_ATTENTION:
+        g = args.gdn
+        mixer = {
+            f"{p}linear_attn.in_proj_qkv": LinearPlan(g.conv_channels, h, False),
+            f"{p}linear_attn.in_proj_z": LinearPlan(g.v_heads * g.v_dim, h, False),
+            f"{p}linear_attn.in_proj_b": LinearPlan(g.v_heads, h, False),
+            f"{p}linear_attn.in_proj_a": LinearPlan(g.v_heads, h, False),
+            f"{p}linear_attn.out_proj": LinearPlan(h, g.v_heads * g.v_dim, False),
+        }
+    else:
+        mixer = {
+            f"{p}self_attn.q_proj": LinearPlan(2 * q if args.attn_output_gate else q, h, args.qkv_bias),
+            f"{p}self_attn.k_proj": LinearPlan(kv, h, args.qkv_bias),
+            f"{p}self_attn.v_proj": LinearPlan(kv, h, args.qkv_bias),
+            f"{p}self_attn.o_proj": LinearPlan(h, q, args.o_bias),
+        }
     return {
-        f"{p}self_attn.q_proj": LinearPlan(q, h, args.qkv_bias),
-        f"{p}self_attn.k_proj": LinearPlan(kv, h, args.qkv_bias),
-        f"{p}self_attn.v_proj": LinearPlan(kv, h, args.qkv_bias),
-        f"{p}self_attn.o_proj": LinearPlan(h, q, args.o_bias),
+        **mixer,
         f"{p}mlp.gate_proj": LinearPlan(inter, h, False),
         f"{p}mlp.up_proj": LinearPlan(inter, h, False),
         f"{p}mlp.down_proj": LinearPlan(h, inter, False),
@@ -74,7 +87,12 @@ def block_linears(args: ModelArgs, i: int) -> dict[str, LinearPlan]:
 def block_tensors(args: ModelArgs, i: int) -> dict[str, tuple[int, ...]]:
     p, h = f"model.layers.{i}.", args.hidden_size
     out = {f"{p}input_layernorm.weight": (h,), f"{p}post_attention_layernorm.weight": (h,)}
-    if args.qk_norm:
+    if args.layer_type(i) == LINEAR_ATTENTION:
+        g = args.gdn
+        out.update({f"{p}linear_attn.conv1d.weight": (g.conv_channels, 1, g.conv_kernel),
+                    f"{p}linear_attn.A_log": (g.v_heads,), f"{p}linear_attn.dt_bias": (g.v_heads,),
+                    f"{p}linear_attn.norm.weight": (g.v_dim,)})
+    elif args.qk_norm:
         out.update({f"{p}self_attn.q_norm.weight": (args.head_dim,), f"{p}self_attn.k_norm.weight": (args.head_dim,)})
     return out
 

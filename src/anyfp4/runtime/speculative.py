@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import torch
 
 from .generate import MAX_DRAFT_TOKENS, SamplingParams, cache_slots, check_context, decode_step, probabilities, sample
+from .config import LINEAR_ATTENTION
 from .model import Transformer
 
 
@@ -106,6 +107,11 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
     distribution. ``on_tokens`` receives each step's new tokens as they are accepted."""
     if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         raise ValueError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}")
+    for m, role in ((model, "the model"), (draft_model, "the draft model")):
+        if m is not None and LINEAR_ATTENTION in m.args.layer_types:
+            raise NotImplementedError(f"speculative decoding with {role} ({m.args.architecture}, Gated DeltaNet "
+                                      "layers) is not supported yet: a rejected draft token would stay in their "
+                                      "recurrent state; decode without --speculate")
     device = model.device
     check_context(len(prompt), params.max_new_tokens, model.args.max_position_embeddings, draft_tokens)
     total = len(prompt) + params.max_new_tokens + draft_tokens + 1

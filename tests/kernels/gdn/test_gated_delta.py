@@ -80,6 +80,8 @@ def test_a_decode_row_does_not_depend_on_the_batch():
     q, k, v, g, beta, state = inputs(gen, b=5, t=1, dtype=torch.bfloat16)
     s_all = state.clone()
     together = gated_delta_recurrent(q, k, v, g, beta, s_all)
+    assert together.dtype == torch.bfloat16 and s_all.dtype == torch.float32
+    assert gated_delta_chunked(q, k, v, g, beta, state.clone()).dtype == torch.bfloat16
     for r in range(5):
         s = state[r:r + 1].clone()
         alone = gated_delta_recurrent(q[r:r + 1], k[r:r + 1], v[r:r + 1], g[r:r + 1], beta[r:r + 1], s)

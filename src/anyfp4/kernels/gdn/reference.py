@@ -83,6 +83,7 @@ def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     matrix products across rows): a row's bits do not depend on the batch."""
     b, t, hv, dv = v.shape
     _check_state(state, b, hv, k.shape[-1], dv)
+    out_dtype = v.dtype
     q, k, v, g, beta = _heads(q, k, v, g, beta)
     s = state.clone()
     out = torch.empty(b, hv, t, dv, dtype=torch.float32, device=v.device)
@@ -94,7 +95,7 @@ def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         s = s + kt * delta[:, :, None, :]
         out[:, :, i] = tree_sum(s * q[:, :, i, :, None], -2)[:, :, 0]
     state.copy_(s)
-    return out.transpose(1, 2).to(v.dtype)
+    return out.transpose(1, 2).to(out_dtype)
 
 
 def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -105,6 +106,7 @@ def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     b, t, hv, dv = v.shape
     _check_state(state, b, hv, k.shape[-1], dv)
+    out_dtype = v.dtype
     q, k, v, g, beta = _heads(q, k, v, g, beta)
     s = state.clone()
     out = torch.empty(b, hv, t, dv, dtype=torch.float32, device=v.device)
@@ -124,7 +126,7 @@ def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
         last = gamma[..., -1:]  # (b, hv, 1)
         s = last.exp()[..., None] * s + kc.transpose(-1, -2) @ ((last - gamma).exp()[..., None] * delta)
     state.copy_(s)
-    return out.transpose(1, 2).to(v.dtype)
+    return out.transpose(1, 2).to(out_dtype)
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
