@@ -177,3 +177,20 @@ def test_a_hybrid_config_that_disagrees_with_its_tensors_names_the_layer(tmp_pat
         (src / "config.json").write_text(json.dumps({**original, **edit}))
         with pytest.raises(CheckpointError, match=match):
             plan_checkpoint(src)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed"])
+def test_a_quantized_hybrid_matches_transformers_on_256_positions(tmp_path, fmt):
+    """A Qwen3.5 hybrid quantized by ``anyfp4 quantize`` to each format: greedy top-1 of 256 teacher-forced positions
+    as transformers with the same dequantized weights (float32)."""
+    import transformers as tf
+
+    config = tf.Qwen3_5TextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=512, head_dim=32, linear_num_key_heads=2,
+                                  linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                                  max_position_embeddings=512, tie_word_embeddings=False,
+                                  architectures=["Qwen3_5ForCausalLM"])
+    src = random_hf_checkpoint(tmp_path / "src", tf.Qwen3_5ForCausalLM, config)
+    q = quantize_checkpoint(src, tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+    ids = torch.randint(0, 512, (1, 256), generator=torch.Generator().manual_seed(3))
+    compare(tf.Qwen3_5ForCausalLM, src, q, ids, min_top1=0.99)
