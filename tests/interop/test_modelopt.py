@@ -125,3 +125,33 @@ def test_all_zero_linears_against_modelopt(random_llama, tmp_path, fmt):
         assert torch.equal(readers["ours"].dequantize(layer), torch.zeros(layer.out_features, layer.in_features))
         with pytest.raises(CheckpointError, match="are NaN"):  # ModelOpt's export is unreadable there
             readers["theirs"].dequantize(layers["theirs"][module])
+
+
+@pytest.fixture(scope="module")
+def random_qwen3_5(tmp_path_factory) -> Path:
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                               num_key_value_heads=2, vocab_size=256, head_dim=32, linear_num_key_heads=2,
+                               linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                               tie_word_embeddings=False, architectures=["Qwen3_5ForCausalLM"])
+    torch.manual_seed(1)
+    model = Qwen3_5ForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():  # a spread of magnitudes per row, so block scales vary
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(torch.exp(torch.randn(p.shape[0], 1) * 1.5).to(p.dtype))
+    path = tmp_path_factory.mktemp("random_qwen3_5")
+    model.save_pretrained(str(path))
+    return path
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_random_qwen3_5_hybrid_matches_modelopt(random_qwen3_5, tmp_path, fmt):
+    """A Gated DeltaNet hybrid: the same tensors (in_proj_a / in_proj_b and the convolution left as they are,
+    in_proj_qkv and in_proj_z sharing an NVFP4 global scale) and the same quantization config as ModelOpt's."""
+    theirs = modelopt_export(random_qwen3_5, tmp_path / "modelopt", fmt)
+    ours = quantize_checkpoint(random_qwen3_5, tmp_path / "anyfp4",
+                               QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+    assert assert_same_tensors(ours, theirs) > 75
+    assert_same_description(ours, theirs)

@@ -194,3 +194,31 @@ def test_a_quantized_hybrid_matches_transformers_on_256_positions(tmp_path, fmt)
     q = quantize_checkpoint(src, tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
     ids = torch.randint(0, 512, (1, 256), generator=torch.Generator().manual_seed(3))
     compare(tf.Qwen3_5ForCausalLM, src, q, ids, min_top1=0.99)
+
+
+def test_a_hybrids_mtp_head_is_kept_and_left_unquantized(tmp_path, capsys):
+    """mtp.* tensors (the multi-token-prediction head of a Qwen3.5 checkpoint) are tolerated by the plan, listed by
+    inspect, and copied unquantized by quantize (as ModelOpt leaves them)."""
+    import transformers as tf
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from anyfp4.cli import main
+    from anyfp4.runtime.plan import plan_checkpoint
+
+    config = tf.Qwen3_5TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=256, head_dim=16, linear_num_key_heads=2,
+                                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                                  architectures=["Qwen3_5ForCausalLM"])
+    src = random_hf_checkpoint(tmp_path / "src", tf.Qwen3_5ForCausalLM, config)
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["mtp.fc.weight"] = torch.randn(64, 128).to(torch.bfloat16)
+    tensors["mtp.norm.weight"] = torch.zeros(64, dtype=torch.bfloat16)
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    plan_checkpoint(src)
+    q = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(format=TargetFormat.NVFP4, progress=False)).dst
+    with safe_open(str(q / "model.safetensors"), "pt") as f:
+        assert torch.equal(f.get_tensor("mtp.fc.weight"), tensors["mtp.fc.weight"])
+        assert "mtp.fc.weight_scale" not in f.keys()
+    assert main(["inspect", str(q)]) == 0
+    assert "2 mtp.* tensors stored, not used yet" in capsys.readouterr().out

@@ -62,8 +62,9 @@ def inspect_checkpoint(path: str | Path, check_values: bool = True, progress: bo
         return report
     report["architecture"] = plan.architecture
     types = plan.args.layer_types
-    if types:  # a hybrid: which token mixer each decoder layer has
+    if types:  # a hybrid: which token mixer each decoder layer has, and whether an MTP head is stored
         report["layer_types"] = {t: types.count(t) for t in dict.fromkeys(types)}
+        report["mtp_tensors"] = sum(n.startswith("mtp.") for n in reader.index.names())
     try:
         _check_generation_files(reader.root, plan.args.vocab_size)
     except CheckpointError as e:
@@ -174,6 +175,8 @@ def print_report(report: dict) -> None:
         mixers = report.get("layer_types")
         if mixers:
             console.print("decoder layers: " + ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in mixers.items()))
+            if report.get("mtp_tensors"):
+                console.print(f"multi-token-prediction head: {report['mtp_tensors']} mtp.* tensors stored, not used yet")
         console.print(f"[green]valid[/green] ({checked} checked); runs as {report['architecture']}")
     else:
         console.print(f"[red]{report['status']}:[/red] {report['error']}", highlight=False, soft_wrap=True)

@@ -35,9 +35,11 @@ from .errors import CheckpointError
 from .quant_config import CONFIG, HF_QUANT_CONFIG, WeightFormat, module_matches, parse_quant_scheme
 from .tensor_index import INDEX_FILE, SINGLE_FILE, TensorIndex
 
-DEFAULT_EXCLUDE = ("lm_head", "*embed_tokens")
-# Sibling projections that read the same input and run as one fused GEMM.
-FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# Left unquantized unless asked (as ModelOpt's defaults leave them): the head, the embeddings, a Gated DeltaNet's
+# two per-head projections (its decay and write-strength inputs) and a multi-token-prediction head (``mtp``).
+DEFAULT_EXCLUDE = ("lm_head", "*embed_tokens", "*linear_attn.in_proj_a", "*linear_attn.in_proj_b", "mtp")
+# Sibling projections that read the same input and run as one fused GEMM (NVFP4: one global scale).
+FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("in_proj_qkv", "in_proj_z"))
 ATTENTION_PATTERNS = ("*self_attn.*", "*attention.*", "*attn.*")
 WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".gguf")
 SKIPPED_FILES = {CONFIG, HF_QUANT_CONFIG, INDEX_FILE, "pytorch_model.bin.index.json", replace.MARKER}
@@ -311,11 +313,12 @@ def _load_linear(index: TensorIndex, name: str) -> torch.Tensor:
 
 
 def _exclude_list(index: TensorIndex, plan: dict, options: QuantizeOptions) -> list[str]:
-    """Module names left unquantized, written out (``lm_head`` always listed, as ModelOpt does)."""
+    """Module names left unquantized, written out (``lm_head`` always listed, as ModelOpt does): every module with a
+    weight of two dimensions or more (a Gated DeltaNet's convolution too) that the plan leaves out."""
     left = []
     for name in index.names():
         module, _, suffix = name.rpartition(".")
-        if suffix == "weight" and len(index[name].shape) == 2 and module not in plan and module not in left:
+        if suffix == "weight" and len(index[name].shape) >= 2 and module not in plan and module not in left:
             left.append(module)
     return ["lm_head"] + sorted(m for m in left if m != "lm_head")
 

@@ -7,7 +7,8 @@ has a bias, and every other tensor (embeddings, norms) with its shape. The check
 exactly those: the decoder layers 0 .. num_hidden_layers-1 and no more, each linear with the config's
 shape, biases where the architecture has them and nowhere else, the norms, an ``lm_head`` unless the
 embeddings are tied (and not as well), and no other tensor (a stored tensor the runner would not read
-means config and weights describe different models: a MoE's experts, an extra layer, a bias).
+means config and weights describe different models: a MoE's experts, an extra layer, a bias) — a Qwen3.5 hybrid's
+multi-token-prediction head (``mtp.*``) aside, which is stored beside the model and not read yet.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ LM_HEAD = "lm_head"
 # Stored tensors no decoder reads: KV-cache / activation scales, old exports' RoPE buffers.
 UNREAD_SUFFIXES = IGNORED_SUFFIXES + ("inv_freq",)
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
+# A hybrid's multi-token-prediction head (a draft for speculative decoding): stored beside the model, not read yet.
+MTP_PREFIX = "mtp."
 
 
 @dataclass(frozen=True)
@@ -167,8 +170,9 @@ def _check_tensor(reader: CheckpointReader, name: str, shape: tuple[int, ...]) -
                               tensor=name)
 
 
-def _check_nothing_else(reader: CheckpointReader, read: set[str]) -> None:
-    extra = [n for n in reader.index.names() if n not in read and not n.endswith(UNREAD_SUFFIXES)]
+def _check_nothing_else(reader: CheckpointReader, read: set[str], args: ModelArgs) -> None:
+    extra = [n for n in reader.index.names() if n not in read and not n.endswith(UNREAD_SUFFIXES)
+             and not (args.layer_types and n.startswith(MTP_PREFIX))]
     if extra:
         raise CheckpointError(f"{len(extra)} stored tensor(s) that the model for config.json would not read, e.g. "
                               f"{extra[:3]}: config.json and the weights describe different models",
@@ -188,7 +192,7 @@ def plan_model(reader: CheckpointReader) -> ModelPlan:
     for name, shape in tensors.items():
         _check_tensor(reader, name, shape)
         read.add(name)
-    _check_nothing_else(reader, read)
+    _check_nothing_else(reader, read, args)
     return ModelPlan(reader, args, MappingProxyType(linears), MappingProxyType(tensors))
 
 
