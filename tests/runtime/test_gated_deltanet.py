@@ -88,9 +88,7 @@ def test_wrong_shapes_are_named():
         mine(torch.zeros(1, 1, 48))
 
 
-def test_speculation_and_tensor_parallelism_are_refused_for_hybrids():
-    from dataclasses import replace
-
+def test_tensor_parallelism_and_hybrid_draft_models_are_refused():
     from anyfp4.parallel.sharding import check_divisible
     from anyfp4.runtime.config import ModelArgs
     from anyfp4.runtime.generate import SamplingParams
@@ -108,11 +106,33 @@ def test_speculation_and_tensor_parallelism_are_refused_for_hybrids():
 
     stub = Stub()
     stub.args = args
-    with pytest.raises(NotImplementedError, match="speculative decoding with the model .*Gated DeltaNet"):
-        generate_speculative(stub, [1, 2], SamplingParams(max_new_tokens=2), 2)
+    with pytest.raises(NotImplementedError, match="a draft model with Gated DeltaNet layers"):
+        generate_speculative(stub, [1, 2], SamplingParams(max_new_tokens=2), 2, draft_model=stub)
     with pytest.raises(ValueError, match="tensor parallelism of Qwen3_5ForCausalLM"):
         check_divisible(args, 2)
-    check_divisible(replace(args), 1)
+    check_divisible(args, 1)
+
+
+def test_snapshots_return_to_any_prefix_of_a_step():
+    """Keeping the states after the first tokens of a step, the next token's output is that of a run over just
+    those tokens (bit for bit: linears whose rows do not depend on their number)."""
+    _, mine = layers(4)
+    for name in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
+        setattr(mine, name, RowByRow(getattr(mine, name)))
+    x = torch.randn(1, 10, 48)
+    with torch.no_grad():
+        for keep in (1, 3, 5):
+            mine.setup_state(1)
+            mine(x[:, :4])
+            mine.setup_snapshots(5)
+            mine(x[:, 4:9])
+            mine.keep_states(keep, 5)
+            after = mine(x[:, 4 + keep:4 + keep + 1])
+            mine.setup_state(1)
+            want = mine(x[:, :4 + keep + 1])[:, -1:]
+            assert torch.equal(after, want), keep
+        with pytest.raises(ValueError, match="snapshots are kept for steps of up to 0"):
+            mine.keep_states(1, 2)
 
 
 def test_hybrid_config_defaults_and_refusals():

@@ -97,3 +97,32 @@ def test_sampling_with_speculation_runs_and_is_seeded(model):
     b, _ = generate_speculative(model, prompt, params, 4)
     assert a == b and len(a) == 30 and stats.verify_steps >= 1
     assert all(0 <= t < model.args.vocab_size for t in a)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """A Qwen3.5 hybrid (Gated DeltaNet layers), NVFP4, on the CPU in float32."""
+    import transformers as tf
+
+    root = tmp_path_factory.mktemp("spec_hybrid")
+    config = tf.Qwen3_5TextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=512, head_dim=32, linear_num_key_heads=2,
+                                  linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                                  max_position_embeddings=512, tie_word_embeddings=False,
+                                  architectures=["Qwen3_5ForCausalLM"])
+    torch.manual_seed(0)
+    tf.Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(root / "src"))
+    ckpt = quantize_checkpoint(root / "src", root / "q", QuantizeOptions(format=TargetFormat.NVFP4, progress=False)).dst
+    m, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    return m
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_a_hybrid_speculates_the_same_greedy_text(hybrid, k):
+    """Gated DeltaNet states return to each verify step's accepted prefix: the greedy text of plain decoding."""
+    prompt = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5]
+    params = SamplingParams(max_new_tokens=40)
+    plain = generate(hybrid, [prompt], params)[0]
+    spec, stats = generate_speculative(hybrid, prompt, params, k)
+    assert spec == plain
+    assert stats.verify_steps < len(plain) and stats.accepted < stats.drafted  # drafts kept and drafts rejected

@@ -40,6 +40,8 @@ class GatedDeltaNet(nn.Module):
         self.register_buffer("norm_weight", norm_weight)
         self.conv_state: torch.Tensor | None = None
         self.recurrent_state: torch.Tensor | None = None
+        self.snap_conv: torch.Tensor | None = None  # (b, tokens, ...): the states after each token of a step
+        self.snap_recurrent: torch.Tensor | None = None
 
     def setup_state(self, batch: int) -> None:
         """Zeroed convolution and recurrent states for ``batch`` sequences (the same tensors when the shape is
@@ -53,23 +55,61 @@ class GatedDeltaNet(nn.Module):
                 old.zero_()
             else:
                 setattr(self, name, torch.zeros(shape, dtype=dtype, device=dev))
+        self.snap_conv = self.snap_recurrent = None
 
-    def forward(self, x: torch.Tensor, *positions) -> torch.Tensor:
-        """x (b, t, hidden), the t tokens after those the states have seen -> (b, t, hidden). ``positions`` (an
-        attention layer's cos, sin, mask and cache slots) are not needed: the states hold the sequence so far."""
-        if self.recurrent_state is None or self.recurrent_state.shape[0] != x.shape[0]:
-            raise RuntimeError(f"Gated DeltaNet state not set up for a batch of {x.shape[0]} (setup_state)")
+    def setup_snapshots(self, tokens: int) -> None:
+        """Keep the states after each token of a step of up to ``tokens`` tokens (0: none), so that
+        ``keep_states`` can return to any of them (speculative decoding: the accepted prefix of a verify step).
+        Needs ``setup_state`` first; fixed buffers, like the states."""
+        if tokens <= 0:
+            self.snap_conv = self.snap_recurrent = None
+            return
+        b = self.recurrent_state.shape[0]
+        self.snap_conv = self.conv_state.new_zeros(b, tokens, *self.conv_state.shape[1:])
+        self.snap_recurrent = self.recurrent_state.new_zeros(b, tokens, *self.recurrent_state.shape[1:])
+
+    def keep_states(self, tokens: int, step_tokens: int) -> None:
+        """The states as after the first ``tokens`` tokens of the last step, of ``step_tokens`` tokens (told, not
+        remembered: a replayed CUDA graph runs no Python)."""
+        capacity = 0 if self.snap_recurrent is None else self.snap_recurrent.shape[1]
+        if not 1 <= tokens <= step_tokens <= capacity:
+            raise ValueError(f"cannot keep the states after {tokens} of {step_tokens} tokens: snapshots are kept for "
+                             f"steps of up to {capacity} (setup_snapshots)")
+        if tokens < step_tokens:
+            self.conv_state.copy_(self.snap_conv[:, tokens - 1])
+            self.recurrent_state.copy_(self.snap_recurrent[:, tokens - 1])
+
+    def _mix(self, qkv, b_in, a_in, z, chunk: int) -> torch.Tensor:
+        """The convolution, the delta rule (advancing the states) and the gated norm of t tokens -> (b, t, v dims)."""
         s = self.shape
-        b, t, _ = x.shape
-        mixed = torch.ops.anyfp4.causal_conv(self.in_proj_qkv(x), self.conv_weight, self.conv_state)
+        b, t, _ = qkv.shape
+        mixed = torch.ops.anyfp4.causal_conv(qkv, self.conv_weight, self.conv_state)
         kd = s.k_heads * s.k_dim
         q, k, v = mixed.split([kd, kd, s.v_heads * s.v_dim], dim=-1)
         q, k = q.reshape(b, t, s.k_heads, s.k_dim), k.reshape(b, t, s.k_heads, s.k_dim)
         v = v.reshape(b, t, s.v_heads, s.v_dim)
-        beta = per_row(torch.sigmoid, self.in_proj_b(x).float())
-        g = self.neg_a * per_row(F.softplus, self.in_proj_a(x).float() + self.dt_bias)
-        chunk = 0 if t <= DECODE_ROWS else PREFILL_CHUNK
+        beta = per_row(torch.sigmoid, b_in.float())
+        g = self.neg_a * per_row(F.softplus, a_in.float() + self.dt_bias)
         o = torch.ops.anyfp4.gated_delta(q, k, v, g, beta, self.recurrent_state, chunk)
-        z = self.in_proj_z(x).reshape(b, t, s.v_heads, s.v_dim)
-        o = torch.ops.anyfp4.gated_rms_norm(o, z, self.norm_weight, self.eps)
-        return self.out_proj(o.reshape(b, t, s.v_heads * s.v_dim))
+        o = torch.ops.anyfp4.gated_rms_norm(o, z.reshape(b, t, s.v_heads, s.v_dim), self.norm_weight, self.eps)
+        return o.reshape(b, t, s.v_heads * s.v_dim)
+
+    def forward(self, x: torch.Tensor, *positions) -> torch.Tensor:
+        """x (b, t, hidden), the t tokens after those the states have seen -> (b, t, hidden). ``positions`` (an
+        attention layer's cos, sin, mask and cache slots) are not needed: the states hold the sequence so far.
+        Up to DECODE_ROWS tokens (decode and verify steps) are mixed one token at a time, each as a one-token step
+        mixes it, with the states after each kept where snapshots are set up; more (prefill) in chunks."""
+        if self.recurrent_state is None or self.recurrent_state.shape[0] != x.shape[0]:
+            raise RuntimeError(f"Gated DeltaNet state not set up for a batch of {x.shape[0]} (setup_state)")
+        t = x.shape[1]
+        parts = (self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x), self.in_proj_z(x))
+        if t > DECODE_ROWS:
+            return self.out_proj(self._mix(*parts, chunk=PREFILL_CHUNK))
+        record = self.snap_recurrent is not None and t <= self.snap_recurrent.shape[1]
+        outs = []
+        for i in range(t):
+            outs.append(self._mix(*(p[:, i:i + 1] for p in parts), chunk=0))
+            if record:
+                self.snap_conv[:, i].copy_(self.conv_state)
+                self.snap_recurrent[:, i].copy_(self.recurrent_state)
+        return self.out_proj(torch.cat(outs, 1) if t > 1 else outs[0])

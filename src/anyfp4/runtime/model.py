@@ -184,6 +184,21 @@ class Transformer(nn.Module):
                     setattr(blk.attn, name, torch.zeros(shape, dtype=self.dtype, device=self.device))
         self.max_seq = max_seq
 
+    def mixers_with_state(self) -> list[GatedDeltaNet]:
+        """The Gated DeltaNet layers (their recurrent states cannot overwrite a position as a KV cache does)."""
+        return [blk.attn for blk in self.blocks if isinstance(blk.attn, GatedDeltaNet)]
+
+    def setup_snapshots(self, tokens: int) -> None:
+        """After ``setup_caches``: keep the recurrent states after each token of steps of up to ``tokens`` tokens."""
+        for mixer in self.mixers_with_state():
+            mixer.setup_snapshots(tokens)
+
+    def keep_states(self, tokens: int, step_tokens: int) -> None:
+        """The recurrent states as after the first ``tokens`` of the last step's ``step_tokens`` tokens (a verify
+        step's accepted prefix); the KV cache needs nothing (later steps overwrite the rejected slots)."""
+        for mixer in self.mixers_with_state():
+            mixer.keep_states(tokens, step_tokens)
+
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, rope_pos: torch.Tensor | None = None,
                 key_valid: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (b, t) written to cache slots ``input_pos`` (t,) -> logits (b, t, vocab) in float32.
@@ -191,7 +206,7 @@ class Transformer(nn.Module):
         Left-padded batches pass ``rope_pos`` (b, t), each row's own positions, and ``key_valid``
         (b, S), False on padding slots.
         """
-        if key_valid is not None and any(isinstance(blk.attn, GatedDeltaNet) for blk in self.blocks):
+        if key_valid is not None and self.mixers_with_state():
             raise NotImplementedError("left-padded batches of a model with Gated DeltaNet layers are not supported "
                                       "(padding would enter their recurrent state): run its prompts one at a time")
         x = F.embedding(tokens, self.embed)

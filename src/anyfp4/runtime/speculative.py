@@ -107,15 +107,14 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
     distribution. ``on_tokens`` receives each step's new tokens as they are accepted."""
     if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         raise ValueError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}")
-    for m, role in ((model, "the model"), (draft_model, "the draft model")):
-        if m is not None and LINEAR_ATTENTION in m.args.layer_types:
-            raise NotImplementedError(f"speculative decoding with {role} ({m.args.architecture}, Gated DeltaNet "
-                                      "layers) is not supported yet: a rejected draft token would stay in their "
-                                      "recurrent state; decode without --speculate")
+    if draft_model is not None and LINEAR_ATTENTION in draft_model.args.layer_types:
+        raise NotImplementedError(f"a draft model with Gated DeltaNet layers ({draft_model.args.architecture}) is not "
+                                  "supported: n-gram drafts, or a draft model without them")
     device = model.device
     check_context(len(prompt), params.max_new_tokens, model.args.max_position_embeddings, draft_tokens)
     total = len(prompt) + params.max_new_tokens + draft_tokens + 1
     model.setup_caches(1, cache_slots(len(prompt), params.max_new_tokens, model.args.max_position_embeddings))
+    model.setup_snapshots(draft_tokens + 1)  # Gated DeltaNet layers: back to a verify step's accepted prefix
     drafter = DraftModel(draft_model, model) if draft_model is not None else None
     if drafter is not None:
         drafter.start(total)
@@ -155,6 +154,7 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
                 accepted += 1
             if accepted == len(draft):
                 new.append(int(torch.multinomial(probs[len(draft)], 1, generator=generator)))
+        model.keep_states(accepted + 1, inp.shape[1])  # the verified token and the accepted drafts
         if drafter is not None:
             drafter.accepted(len(seq), accepted, len(draft))
         stats.verify_steps += 1
