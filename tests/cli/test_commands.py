@@ -66,7 +66,7 @@ EARLY_ERRORS = [
      "prompt (2 tokens) + max_new_tokens (250) + 5 for speculation exceeds the model's context of 256 tokens"),
     (["generate", "{m}", "--speculate", "ngram"], "a\nb\n", "--speculate runs one prompt, standard input held 2"),
     (["generate", "{m}", "--prompt", "hi", "--max-tokens", "8", "--speculate", "{nowhere}"], "",
-     "neither 'ngram' nor a checkpoint directory"),
+     "neither 'ngram', 'mtp' nor a checkpoint directory"),
     (["generate", "{m}", "--prompt", "hi", "--max-tokens", "8", "--speculate", "{vocab256}"], "",
      "has another vocabulary (256 vs 128 tokens)"),
     (["generate", "{m}", "--prompt", "hi", "--tp", "2", "--speculate", "ngram"], "",

@@ -126,3 +126,124 @@ def test_a_hybrid_speculates_the_same_greedy_text(hybrid, k):
     spec, stats = generate_speculative(hybrid, prompt, params, k)
     assert spec == plain
     assert stats.verify_steps < len(plain) and stats.accepted < stats.drafted  # drafts kept and drafts rejected
+
+
+def with_random_mtp_head(src, config, seed=5):
+    """Adds an MTP head of random weights (mtp.fc, its norms, one gated full-attention layer) to checkpoint ``src``."""
+    from safetensors.torch import load_file, save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    h, hd, heads, kv, inter = (config.hidden_size, config.head_dim, config.num_attention_heads,
+                               config.num_key_value_heads, config.intermediate_size)
+    shapes = {"mtp.fc.weight": (h, 2 * h), "mtp.layers.0.self_attn.q_proj.weight": (2 * heads * hd, h),
+              "mtp.layers.0.self_attn.k_proj.weight": (kv * hd, h), "mtp.layers.0.self_attn.v_proj.weight": (kv * hd, h),
+              "mtp.layers.0.self_attn.o_proj.weight": (h, heads * hd), "mtp.layers.0.mlp.gate_proj.weight": (inter, h),
+              "mtp.layers.0.mlp.up_proj.weight": (inter, h), "mtp.layers.0.mlp.down_proj.weight": (h, inter)}
+    tensors = load_file(str(src / "model.safetensors"))
+    for name, shape in shapes.items():
+        tensors[name] = (torch.randn(shape, generator=gen) * shape[1] ** -0.5).to(torch.bfloat16)
+    for name, size in [("mtp.pre_fc_norm_embedding.weight", h), ("mtp.pre_fc_norm_hidden.weight", h),
+                       ("mtp.norm.weight", h), ("mtp.layers.0.input_layernorm.weight", h),
+                       ("mtp.layers.0.post_attention_layernorm.weight", h), ("mtp.layers.0.self_attn.q_norm.weight", hd),
+                       ("mtp.layers.0.self_attn.k_norm.weight", hd)]:
+        tensors[name] = (0.1 * torch.randn(size, generator=gen)).to(torch.bfloat16)
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    return src
+
+
+@pytest.fixture(scope="module")
+def hybrid_with_mtp(tmp_path_factory):
+    import transformers as tf
+
+    from anyfp4.runtime.loader import load_mtp, load_planned
+    from anyfp4.runtime.plan import plan_checkpoint, plan_mtp
+
+    root = tmp_path_factory.mktemp("spec_mtp")
+    config = tf.Qwen3_5TextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=512, head_dim=32, linear_num_key_heads=2,
+                                  linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                                  max_position_embeddings=512, tie_word_embeddings=False,
+                                  architectures=["Qwen3_5ForCausalLM"])
+    torch.manual_seed(0)
+    tf.Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(root / "src"))
+    with_random_mtp_head(root / "src", config)
+    ckpt = quantize_checkpoint(root / "src", root / "q", QuantizeOptions(format=TargetFormat.MIXED, progress=False)).dst
+    plan = plan_checkpoint(ckpt)
+    return load_planned(plan, "cpu", torch.float32, progress=False), load_mtp(plan_mtp(plan), "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_the_mtp_head_drafts_and_the_greedy_text_stays(hybrid_with_mtp, k):
+    """The checkpoint's own MTP head (random weights) as the draft: plain decoding's greedy text, every draft
+    verified."""
+    model, head = hybrid_with_mtp
+    prompt = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5]
+    params = SamplingParams(max_new_tokens=30)
+    plain = generate(model, [prompt], params)[0]
+    spec, stats = generate_speculative(model, prompt, params, k, mtp=head)
+    assert spec == plain
+    assert stats.drafted >= stats.verify_steps * min(k, 1) and stats.verify_steps <= len(plain)
+
+
+def test_mtp_drafts_continue_the_heads_own_chain(hybrid_with_mtp):
+    """A drafter's k drafts are the head run step by step on its own outputs from the observed position."""
+    from anyfp4.runtime.mtp import MTPDrafter
+
+    model, head = hybrid_with_mtp
+    prompt = [5, 9, 2, 7, 7, 1]
+    model.setup_caches(1, 32)
+    with torch.no_grad():
+        logits, hidden = model(torch.tensor([prompt]), torch.arange(6), hidden=True)
+        nxt = int(logits[0, -1].argmax())
+        drafter = MTPDrafter(head, model)
+        drafter.start(32)
+        drafter.observe(prompt[1:] + [nxt], hidden, 0)
+        drafts = drafter.draft(3)
+        head.setup_caches(1, 32, model)
+        lg, out = head(model, torch.tensor([prompt[1:] + [nxt]]), hidden, torch.arange(6))
+        want = [int(lg[0, -1].argmax())]
+        for i in range(2):
+            lg, out = head(model, torch.tensor([[want[-1]]]), out[:, -1:], torch.tensor([6 + i]))
+            want.append(int(lg[0, -1].argmax()))
+    assert drafts == want
+
+
+def test_mtp_needs_the_head(hybrid):
+    from anyfp4.checkpoint.errors import CheckpointError
+    from anyfp4.runtime.plan import ModelPlan, plan_mtp
+
+    class Reader:
+        root, index = "ckpt", type("I", (), {"names": lambda self: ["model.embed_tokens.weight"]})()
+
+    with pytest.raises(CheckpointError, match="needs the checkpoint's multi-token-prediction head"):
+        plan_mtp(ModelPlan(Reader(), hybrid.args, {}, {}))
+
+
+def test_generate_takes_speculate_mtp(tmp_path, capsys):
+    """``anyfp4 generate --speculate mtp``: the text of plain greedy decoding and the speculation line; a
+    checkpoint without an MTP head is refused before its weights are read; bench refuses it."""
+    import transformers as tf
+
+    from anyfp4.cli import main
+    from helpers import write_tokenizer
+
+    config = tf.Qwen3_5TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=128, head_dim=16, linear_num_key_heads=2,
+                                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                                  max_position_embeddings=256, tie_word_embeddings=False,
+                                  architectures=["Qwen3_5ForCausalLM"])
+    torch.manual_seed(0)
+    src = tmp_path / "src"
+    tf.Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(src))
+    write_tokenizer(src, 128)
+    plain_args = ["generate", str(src), "--prompt", "abcabcabc", "--max-tokens", "12", "--device", "cpu", "--quiet"]
+    assert main(plain_args + ["--speculate", "mtp"]) != 0
+    assert "multi-token-prediction head" in capsys.readouterr().err
+    with_random_mtp_head(src, config)
+    assert main(plain_args) == 0
+    plain = capsys.readouterr().out
+    assert main(plain_args + ["--speculate", "mtp", "--draft-tokens", "3"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == plain and "[speculation:" in captured.err
+    assert main(["bench", str(src), "--speculate", "mtp", "--device", "cpu"]) != 0
+    assert "bench --speculate mtp is not supported yet" in capsys.readouterr().err

@@ -29,10 +29,10 @@ def _check_draft_tokens(args: argparse.Namespace) -> None:
 
 def _check_draft_model(draft: str | None, vocab_size: int) -> None:
     """``--speculate DRAFT_MODEL``: readable, supported and sharing the target's vocabulary (config only)."""
-    if not draft or draft == "ngram":
+    if not draft or draft in ("ngram", "mtp"):
         return
     if not Path(draft).is_dir():
-        raise InputError(f"--speculate {draft}: neither 'ngram' nor a checkpoint directory")
+        raise InputError(f"--speculate {draft}: neither 'ngram', 'mtp' nor a checkpoint directory")
     from ..checkpoint.reader import CheckpointReader
     from ..runtime.config import ModelArgs
 
@@ -124,12 +124,20 @@ def _open_session(args: argparse.Namespace, prompts_of):
     prompts = prompts_of(session)
     session.check_fits(prompts, params)
     _check_draft_model(args.speculate, session.args.vocab_size)
+    if args.speculate == "mtp":
+        from ..runtime.plan import plan_mtp
+
+        session.mtp_plan = plan_mtp(session.plan)  # the head checked against the config before any weight is read
     return session, prompts, params
 
 
 def _load_weights(session, args: argparse.Namespace, device) -> None:
     session.load_weights(device, args.dtype, progress=not args.quiet)
-    if args.speculate and args.speculate != "ngram":
+    if args.speculate == "mtp":
+        from ..runtime.loader import load_mtp
+
+        session.mtp_head = load_mtp(session.mtp_plan, session.model.device, session.model.dtype)
+    elif args.speculate and args.speculate != "ngram":
         from ..runtime.loader import load_model
 
         session.draft_model, _ = load_model(args.speculate, session.model.device, session.model.dtype,
@@ -214,6 +222,8 @@ def _check_bench_spec(spec, args: argparse.Namespace) -> None:
         from ..runtime.config import ModelArgs
 
         model_args = ModelArgs.from_hf(CheckpointReader(spec).config)
+    if args.speculate == "mtp":
+        raise InputError("bench --speculate mtp is not supported yet (generate and chat take it)")
     speculate = args.draft_tokens if args.speculate else 0
     check_context(args.prompt_len, args.gen_len, model_args.max_position_embeddings, speculate)
     _check_draft_model(args.speculate, model_args.vocab_size)

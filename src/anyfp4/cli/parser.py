@@ -72,8 +72,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_speculation_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--speculate", metavar="ngram|DRAFT_MODEL", help="speculative decoding: prompt-lookup "
-                   "drafts, or a draft model checkpoint sharing the tokenizer (greedy text unchanged)")
+    p.add_argument("--speculate", metavar="ngram|mtp|DRAFT_MODEL", help="speculative decoding: prompt-lookup "
+                   "drafts, the checkpoint's own multi-token-prediction head (mtp: Qwen3.5 checkpoints that store one), "
+                   "or a draft model checkpoint sharing the tokenizer (greedy text unchanged)")
     p.add_argument("--draft-tokens", type=POSITIVE_INT, default=4, help=DRAFT_TOKENS_HELP)
 
 

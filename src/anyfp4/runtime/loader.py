@@ -18,7 +18,8 @@ from ..nn.linear import DenseLinear, GatedMLP, fused_linear, make_linear
 from .config import LINEAR_ATTENTION, ModelArgs
 from .gated_deltanet import GatedDeltaNet
 from .model import Attention, Block, RMSNorm, Transformer
-from .plan import ModelPlan, plan_checkpoint
+from .mtp import MTPHead
+from .plan import MTP_LAYER, MTP_NORMS, MTP_PREFIX, ModelPlan, plan_checkpoint
 
 
 class WeightSource:
@@ -81,10 +82,11 @@ def _gated_deltanet(src: WeightSource, args: ModelArgs, p: str, device, dtype) -
                          eps=args.rms_norm_eps)
 
 
-def _block(src: WeightSource, args: ModelArgs, i: int, device, dtype) -> Block:
-    p, h = f"model.layers.{i}.", args.hidden_size
-    mixer = _gated_deltanet(src, args, p, device, dtype) if args.layer_type(i) == LINEAR_ATTENTION else \
-        _attention(src, args, p, device, dtype)
+def _block(src: WeightSource, args: ModelArgs, i: int, device, dtype, prefix: str | None = None) -> Block:
+    """Decoder layer ``i`` (``prefix``: a full-attention layer of other names, an MTP head's)."""
+    p, h = prefix or f"model.layers.{i}.", args.hidden_size
+    linear_attention = prefix is None and args.layer_type(i) == LINEAR_ATTENTION
+    mixer = _gated_deltanet(src, args, p, device, dtype) if linear_attention else _attention(src, args, p, device, dtype)
     i_size = args.intermediate_size
     gate, up = (src.linear(f"{p}mlp.{x}_proj", i_size, h)[0] for x in ("gate", "up"))
     down = src.linear(f"{p}mlp.down_proj", h, i_size)[0]
@@ -121,6 +123,17 @@ def build_model(args: ModelArgs, src: WeightSource, device, dtype, progress: boo
     else:
         raise CheckpointError("no lm_head.weight and tie_word_embeddings is false", tensor="lm_head.weight")
     return Transformer(args, embed, blocks, norm, lm_head).eval()
+
+
+def load_mtp(plan: ModelPlan, device, dtype) -> MTPHead:
+    """The checkpoint's multi-token-prediction head (``plan_mtp``'s plan), for speculative decoding."""
+    src, args, dev = CheckpointSource(plan), plan.args, torch.device(device)
+    fc = make_linear(*src.linear(f"{MTP_PREFIX}fc", args.hidden_size, 2 * args.hidden_size), dev, dtype)
+    norm_e, norm_h, norm = (_norm(src, args, n, args.hidden_size, dev, dtype) for n in MTP_NORMS)
+    head = MTPHead(fc, norm_e, norm_h, _block(src, args, 0, dev, dtype, prefix=MTP_LAYER), norm).eval()
+    if src.unread:
+        raise RuntimeError(f"the MTP builder did not read {sorted(src.unread)[:3]}, which the plan has")
+    return head
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,

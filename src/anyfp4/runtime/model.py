@@ -200,8 +200,9 @@ class Transformer(nn.Module):
             mixer.keep_states(tokens, step_tokens)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, rope_pos: torch.Tensor | None = None,
-                key_valid: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens (b, t) written to cache slots ``input_pos`` (t,) -> logits (b, t, vocab) in float32.
+                key_valid: torch.Tensor | None = None, hidden: bool = False):
+        """tokens (b, t) written to cache slots ``input_pos`` (t,) -> logits (b, t, vocab) in float32; with
+        ``hidden``, (logits, the final norm's output (b, t, hidden_size)), which a multi-token-prediction head reads.
 
         Left-padded batches pass ``rope_pos`` (b, t), each row's own positions, and ``key_valid``
         (b, S), False on padding slots.
@@ -210,15 +211,23 @@ class Transformer(nn.Module):
             raise NotImplementedError("left-padded batches of a model with Gated DeltaNet layers are not supported "
                                       "(padding would enter their recurrent state): run its prompts one at a time")
         x = F.embedding(tokens, self.embed)
-        pos = (input_pos[None, :] if rope_pos is None else rope_pos).float()
-        freqs = pos[..., None] * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos()[:, None], emb.sin()[:, None]  # (b or 1, 1, t, hd), float32
-        mask = torch.arange(self.max_seq, device=tokens.device)[None, :] <= input_pos[:, None]  # (t, S)
-        if key_valid is not None:
-            mask = mask[None, None] & key_valid[:, None, None, :]  # (b, 1, t, S)
+        cos, sin, mask = self.positions(input_pos, rope_pos, key_valid, self.max_seq)
         delta = None
         for blk in self.blocks:
             x, delta = blk(x, delta, cos, sin, mask, input_pos)
         n = self.norm(x) if delta is None else self.norm.add_and_norm(x, delta)[1]
-        return self.lm_head(n).float()
+        logits = self.lm_head(n).float()
+        return (logits, n) if hidden else logits
+
+    def positions(self, input_pos: torch.Tensor, rope_pos: torch.Tensor | None, key_valid: torch.Tensor | None,
+                  max_seq: int):
+        """(cos, sin, mask) of the new positions: rotary tables (b or 1, 1, t, rotary dims) float32 and which of the
+        ``max_seq`` cache slots each may attend to ((t, S), or (b, 1, t, S) with ``key_valid``)."""
+        pos = (input_pos[None, :] if rope_pos is None else rope_pos).float()
+        freqs = pos[..., None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[:, None], emb.sin()[:, None]
+        mask = torch.arange(max_seq, device=input_pos.device)[None, :] <= input_pos[:, None]
+        if key_valid is not None:
+            mask = mask[None, None] & key_valid[:, None, None, :]
+        return cos, sin, mask

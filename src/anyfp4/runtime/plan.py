@@ -22,7 +22,7 @@ from typing import Mapping
 from ..checkpoint.errors import CheckpointError
 from ..checkpoint.modules import FLOAT_DTYPES, IGNORED_SUFFIXES, LayerSpec
 from ..checkpoint.reader import CheckpointReader
-from .config import LINEAR_ATTENTION, ModelArgs
+from .config import LINEAR_ATTENTION, ModelArgs, UnsupportedModelError
 
 EMBEDDING = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
@@ -60,10 +60,11 @@ class ModelPlan:
         return [self.reader.layer_by_name[name] for name in self.linears]
 
 
-def block_linears(args: ModelArgs, i: int) -> dict[str, LinearPlan]:
-    p, h, hd = f"model.layers.{i}.", args.hidden_size, args.head_dim
+def block_linears(args: ModelArgs, i: int, prefix: str | None = None) -> dict[str, LinearPlan]:
+    """Decoder layer ``i``'s linears (``prefix``: another layer's names, full attention: an MTP head's layer)."""
+    p, h, hd = prefix or f"model.layers.{i}.", args.hidden_size, args.head_dim
     q, kv, inter = args.num_heads * hd, args.num_kv_heads * hd, args.intermediate_size
-    if args.layer_type(i) == LINEAR_ATTENTION:
+    if prefix is None and args.layer_type(i) == LINEAR_ATTENTION:
         g = args.gdn
         mixer = {
             f"{p}linear_attn.in_proj_qkv": LinearPlan(g.conv_channels, h, False),
@@ -87,10 +88,10 @@ def block_linears(args: ModelArgs, i: int) -> dict[str, LinearPlan]:
     }
 
 
-def block_tensors(args: ModelArgs, i: int) -> dict[str, tuple[int, ...]]:
-    p, h = f"model.layers.{i}.", args.hidden_size
+def block_tensors(args: ModelArgs, i: int, prefix: str | None = None) -> dict[str, tuple[int, ...]]:
+    p, h = prefix or f"model.layers.{i}.", args.hidden_size
     out = {f"{p}input_layernorm.weight": (h,), f"{p}post_attention_layernorm.weight": (h,)}
-    if args.layer_type(i) == LINEAR_ATTENTION:
+    if prefix is None and args.layer_type(i) == LINEAR_ATTENTION:
         g = args.gdn
         out.update({f"{p}linear_attn.conv1d.weight": (g.conv_channels, 1, g.conv_kernel),
                     f"{p}linear_attn.A_log": (g.v_heads,), f"{p}linear_attn.dt_bias": (g.v_heads,),
@@ -193,6 +194,33 @@ def plan_model(reader: CheckpointReader) -> ModelPlan:
         _check_tensor(reader, name, shape)
         read.add(name)
     _check_nothing_else(reader, read, args)
+    return ModelPlan(reader, args, MappingProxyType(linears), MappingProxyType(tensors))
+
+
+MTP_LAYER = MTP_PREFIX + "layers.0."
+MTP_NORMS = tuple(f"{MTP_PREFIX}{n}.weight" for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"))
+
+
+def plan_mtp(plan: ModelPlan) -> ModelPlan:
+    """The checkpoint's multi-token-prediction head (``mtp.*``: fc, its two input norms, one full-attention decoder
+    layer, a final norm) checked against the config like the model's own layers; refused, naming what is missing,
+    for a checkpoint without one."""
+    reader, args = plan.reader, plan.args
+    stored = [n for n in reader.index.names() if n.startswith(MTP_PREFIX)]
+    if not args.layer_types or not stored:
+        raise CheckpointError("--speculate mtp needs the checkpoint's multi-token-prediction head (mtp.* tensors), "
+                              "which it does not store", file=reader.root, tensor=f"{MTP_PREFIX}fc.weight")
+    layers = sorted({int(m.group(1)) for n in stored if (m := re.match(r"mtp\.layers\.(\d+)\.", n))})
+    if layers != [0]:
+        raise UnsupportedModelError(f"an MTP head of {len(layers)} decoder layers ({layers}) is not supported (one is)",
+                                    file=reader.root)
+    h = args.hidden_size
+    linears = {f"{MTP_PREFIX}fc": LinearPlan(h, 2 * h, False), **block_linears(args, 0, MTP_LAYER)}
+    tensors = {**{n: (h,) for n in MTP_NORMS}, **block_tensors(args, 0, MTP_LAYER)}
+    for name, want in linears.items():
+        _check_linear(reader, args, name, want)
+    for name, shape in tensors.items():
+        _check_tensor(reader, name, shape)
     return ModelPlan(reader, args, MappingProxyType(linears), MappingProxyType(tensors))
 
 

@@ -16,6 +16,7 @@ from .config import ModelArgs
 from .generate import SamplingParams, check_context, generate
 from .loader import load_planned
 from .model import Transformer
+from .mtp import MTPHead
 from .plan import ModelPlan, plan_checkpoint
 from .rate_line import RateLine
 
@@ -105,7 +106,9 @@ class Session:
     model: Transformer | None = None
     compile_decode: bool = False
     draft_tokens: int = 0  # > 0: a single prompt is decoded speculatively with this many drafts per step
-    draft_model: Transformer | None = None  # None: prompt-lookup drafts
+    draft_model: Transformer | None = None  # None: prompt-lookup drafts (or the MTP head's)
+    mtp_plan: ModelPlan | None = None  # --speculate mtp: the checkpoint's multi-token-prediction head, planned
+    mtp_head: MTPHead | None = None  # and loaded: its drafts
     last_stats: object = None  # the SpecStats of the last speculative reply
 
     @classmethod
@@ -180,7 +183,7 @@ class Session:
                 from .speculative import generate_speculative
 
                 tokens, self.last_stats = generate_speculative(self.model, prompts[0], params, self.draft_tokens,
-                                                               self.draft_model, on_tokens)
+                                                               self.draft_model, on_tokens, mtp=self.mtp_head)
                 out = [tokens]
             else:
                 out = generate(self.model, prompts, params, (lambda step: show(step[:1])) if streaming else count,

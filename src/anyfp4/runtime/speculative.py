@@ -16,6 +16,7 @@ overwrite them. On a GPU each verify pass of M rows replays a CUDA graph capture
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
@@ -23,6 +24,7 @@ import torch
 from .generate import MAX_DRAFT_TOKENS, SamplingParams, cache_slots, check_context, decode_step, probabilities, sample
 from .config import LINEAR_ATTENTION
 from .model import Transformer
+from .mtp import MTPDrafter, MTPHead
 
 
 def accept_or_resample(p: torch.Tensor, draft: int, generator: torch.Generator | None) -> tuple[bool, int]:
@@ -101,10 +103,12 @@ class DraftModel:
 @torch.no_grad()
 def generate_speculative(model: Transformer, prompt: Sequence[int], params: SamplingParams, draft_tokens: int,
                          draft_model: Transformer | None = None,
-                         on_tokens: Callable[[list[int]], None] | None = None) -> tuple[list[int], SpecStats]:
+                         on_tokens: Callable[[list[int]], None] | None = None,
+                         mtp: MTPHead | None = None) -> tuple[list[int], SpecStats]:
     """Generation with speculation: greedy gives the same tokens as ``generate`` (on a GPU bit for bit: a
     row of a verify pass is computed as a one-token step computes it); sampling keeps the target
-    distribution. ``on_tokens`` receives each step's new tokens as they are accepted."""
+    distribution. ``on_tokens`` receives each step's new tokens as they are accepted. Drafts come from
+    ``draft_model``, from the checkpoint's own multi-token-prediction head ``mtp``, or else from n-grams."""
     if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         raise ValueError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}")
     if draft_model is not None and LINEAR_ATTENTION in draft_model.args.layer_types:
@@ -115,17 +119,28 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
     total = len(prompt) + params.max_new_tokens + draft_tokens + 1
     model.setup_caches(1, cache_slots(len(prompt), params.max_new_tokens, model.args.max_position_embeddings))
     model.setup_snapshots(draft_tokens + 1)  # Gated DeltaNet layers: back to a verify step's accepted prefix
+    if draft_model is not None and mtp is not None:
+        raise ValueError("draft from a draft model or from the MTP head, not both")
     drafter = DraftModel(draft_model, model) if draft_model is not None else None
     if drafter is not None:
         drafter.start(total)
+    heads = MTPDrafter(mtp, model) if mtp is not None else None
+    if heads is not None:
+        heads.start(total)
     stats = SpecStats()
     greedy = params.temperature == 0
     generator = None
     if not greedy and params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
-    verify = decode_step(model)
-    logits = model(torch.tensor([list(prompt)], device=device), torch.arange(len(prompt), device=device))
+    # the MTP head reads the model's final-norm outputs: those steps run the model itself, not a decode graph
+    verify = decode_step(model) if heads is None else partial(model, hidden=True)
+    logits = model(torch.tensor([list(prompt)], device=device), torch.arange(len(prompt), device=device),
+                   hidden=heads is not None)
+    if heads is not None:
+        logits, hidden = logits
     out = [int(sample(logits[:, -1], params, generator))]
+    if heads is not None:
+        heads.observe(list(prompt[1:]) + out, hidden, 0)
     if on_tokens is not None:
         on_tokens(out[:])
     pos = len(prompt)  # cache slot of out[-1], not yet written
@@ -134,9 +149,14 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
         room = params.max_new_tokens - len(out)
         seq = list(prompt) + out
         k = min(draft_tokens, room)
-        draft = drafter.draft(seq, k) if drafter is not None else ngram_draft(seq, k)
+        if heads is not None:
+            draft = heads.draft(k)
+        else:
+            draft = drafter.draft(seq, k) if drafter is not None else ngram_draft(seq, k)
         inp = torch.tensor([[out[-1]] + draft], device=device)
         logits = verify(inp, torch.arange(pos, pos + inp.shape[1], device=device))
+        if heads is not None:
+            logits, hidden = logits
         accepted = 0
         if greedy:
             preds = logits[0].argmax(-1).tolist()
@@ -155,6 +175,8 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
             if accepted == len(draft):
                 new.append(int(torch.multinomial(probs[len(draft)], 1, generator=generator)))
         model.keep_states(accepted + 1, inp.shape[1])  # the verified token and the accepted drafts
+        if heads is not None:  # the head sees the model's outputs up to the accepted drafts, and the new token
+            heads.observe(draft[:accepted] + [new[accepted]], hidden[:, :accepted + 1], pos)
         if drafter is not None:
             drafter.accepted(len(seq), accepted, len(draft))
         stats.verify_steps += 1
