@@ -131,6 +131,9 @@ def test_snapshots_return_to_any_prefix_of_a_step():
             mine.setup_state(1)
             want = mine(x[:, :4 + keep + 1])[:, -1:]
             assert torch.equal(after, want), keep
+        with pytest.raises(ValueError, match="cannot keep the states after 3 of 6 tokens: .* up to 5"):
+            mine.keep_states(3, 6)
+        mine.setup_snapshots(0)
         with pytest.raises(ValueError, match="snapshots are kept for steps of up to 0"):
             mine.keep_states(1, 2)
 

@@ -247,3 +247,24 @@ def test_generate_takes_speculate_mtp(tmp_path, capsys):
     assert captured.out == plain and "[speculation:" in captured.err
     assert main(["bench", str(src), "--speculate", "mtp", "--device", "cpu"]) != 0
     assert "bench --speculate mtp is not supported yet" in capsys.readouterr().err
+
+
+def test_a_captured_step_of_a_hybrid_holds_its_states(hybrid):
+    """A CUDA-graph step is valid for the tensors it was captured with: for a hybrid, the Gated DeltaNet states and
+    snapshots beside the KV caches; the same snapshots are kept for steps of the same size (no new capture)."""
+    from anyfp4.runtime.cuda_graph import GraphedDecodeStep
+
+    hybrid.setup_caches(1, 32)
+    hybrid.setup_snapshots(4)
+    step = object.__new__(GraphedDecodeStep)  # its bookkeeping alone (capturing needs a GPU)
+    step.model = hybrid
+    held = step._caches()
+    mixers = hybrid.mixers_with_state()
+    assert len(mixers) == 3 and all(any(t is m.recurrent_state for t in held) for m in mixers)
+    assert all(any(t is m.snap_recurrent for t in held) for m in mixers)
+    snaps = [m.snap_recurrent for m in mixers]
+    hybrid.setup_caches(1, 32)
+    hybrid.setup_snapshots(4)
+    assert all(m.snap_recurrent is s for m, s in zip(mixers, snaps))
+    hybrid.setup_snapshots(6)
+    assert all(m.snap_recurrent is not s for m, s in zip(mixers, snaps))

@@ -62,7 +62,7 @@ class GraphedDecodeStep:
         return _Captured(graph, *static, logits, self._caches())
 
     def _caches(self) -> list[torch.Tensor]:
-        return [t for blk in self.model.blocks for t in (blk.attn.k_cache, blk.attn.v_cache)]
+        return [t for blk in self.model.blocks for t in blk.attn.state_tensors()]
 
     def _same_caches(self) -> bool:
         c = next(iter(self._graphs.values()), None)

@@ -43,6 +43,11 @@ class GatedDeltaNet(nn.Module):
         self.snap_conv: torch.Tensor | None = None  # (b, tokens, ...): the states after each token of a step
         self.snap_recurrent: torch.Tensor | None = None
 
+    def state_tensors(self) -> list:
+        """What a step reads and writes beside its inputs (a captured CUDA graph holds on to these tensors: new
+        ones, snapshots included, mean a new capture)."""
+        return [self.conv_state, self.recurrent_state, self.snap_conv, self.snap_recurrent]
+
     def setup_state(self, batch: int) -> None:
         """Zeroed convolution and recurrent states for ``batch`` sequences (the same tensors when the shape is
         unchanged, so that CUDA graphs captured over them stay valid)."""
@@ -55,7 +60,8 @@ class GatedDeltaNet(nn.Module):
                 old.zero_()
             else:
                 setattr(self, name, torch.zeros(shape, dtype=dtype, device=dev))
-        self.snap_conv = self.snap_recurrent = None
+        if self.snap_recurrent is not None and self.snap_recurrent.shape[0] != batch:
+            self.snap_conv = self.snap_recurrent = None  # snapshots of another batch
 
     def setup_snapshots(self, tokens: int) -> None:
         """Keep the states after each token of a step of up to ``tokens`` tokens (0: none), so that
@@ -65,6 +71,9 @@ class GatedDeltaNet(nn.Module):
             self.snap_conv = self.snap_recurrent = None
             return
         b = self.recurrent_state.shape[0]
+        old = self.snap_recurrent
+        if old is not None and old.shape[:2] == (b, tokens):  # the same tensors: graphs captured over them stay valid
+            return
         self.snap_conv = self.conv_state.new_zeros(b, tokens, *self.conv_state.shape[1:])
         self.snap_recurrent = self.recurrent_state.new_zeros(b, tokens, *self.recurrent_state.shape[1:])
 

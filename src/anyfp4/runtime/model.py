@@ -77,6 +77,10 @@ class Attention(nn.Module):
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
+    def state_tensors(self) -> list:
+        """What a step reads and writes beside its inputs (a captured CUDA graph holds on to these tensors)."""
+        return [self.k_cache, self.v_cache]
+
     def project(self, x: torch.Tensor):
         a = self.args
         if isinstance(self.qkv, nn.ModuleList):
