@@ -268,3 +268,11 @@ def test_a_captured_step_of_a_hybrid_holds_its_states(hybrid):
     assert all(m.snap_recurrent is s for m, s in zip(mixers, snaps))
     hybrid.setup_snapshots(6)
     assert all(m.snap_recurrent is not s for m, s in zip(mixers, snaps))
+
+
+def test_a_hybrids_left_padded_batch_equals_single_runs(hybrid):
+    """Left padding enters neither the Gated DeltaNet convolution nor its recurrent state: each prompt of a
+    left-padded batch decodes the tokens it decodes alone."""
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [11, 12, 13], [42]]
+    params = SamplingParams(max_new_tokens=10)
+    assert generate(hybrid, prompts, params) == [generate(hybrid, [p], params)[0] for p in prompts]

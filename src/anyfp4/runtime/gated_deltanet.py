@@ -88,10 +88,14 @@ class GatedDeltaNet(nn.Module):
             self.conv_state.copy_(self.snap_conv[:, tokens - 1])
             self.recurrent_state.copy_(self.snap_recurrent[:, tokens - 1])
 
-    def _mix(self, qkv, b_in, a_in, z, chunk: int) -> torch.Tensor:
-        """The convolution, the delta rule (advancing the states) and the gated norm of t tokens -> (b, t, v dims)."""
+    def _mix(self, qkv, b_in, a_in, z, chunk: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """The convolution, the delta rule (advancing the states) and the gated norm of t tokens -> (b, t, v dims).
+        ``valid`` (b, t) False on left padding: a padded token enters the convolution as zeros and neither decays
+        nor writes the recurrent state, so a row's states after its padding are those of a fresh start."""
         s = self.shape
         b, t, _ = qkv.shape
+        if valid is not None:
+            qkv = qkv * valid[..., None]
         mixed = torch.ops.anyfp4.causal_conv(qkv, self.conv_weight, self.conv_state)
         kd = s.k_heads * s.k_dim
         q, k, v = mixed.split([kd, kd, s.v_heads * s.v_dim], dim=-1)
@@ -99,25 +103,33 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(b, t, s.v_heads, s.v_dim)
         beta = per_row(torch.sigmoid, b_in.float())
         g = self.neg_a * per_row(F.softplus, a_in.float() + self.dt_bias)
+        if valid is not None:
+            beta, g = beta * valid[..., None], g * valid[..., None]
         o = torch.ops.anyfp4.gated_delta(q, k, v, g, beta, self.recurrent_state, chunk)
         o = torch.ops.anyfp4.gated_rms_norm(o, z.reshape(b, t, s.v_heads, s.v_dim), self.norm_weight, self.eps)
         return o.reshape(b, t, s.v_heads * s.v_dim)
 
-    def forward(self, x: torch.Tensor, *positions) -> torch.Tensor:
-        """x (b, t, hidden), the t tokens after those the states have seen -> (b, t, hidden). ``positions`` (an
-        attention layer's cos, sin, mask and cache slots) are not needed: the states hold the sequence so far.
+    def forward(self, x: torch.Tensor, cos=None, sin=None, mask: torch.Tensor | None = None,
+                input_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """x (b, t, hidden), the t tokens after those the states have seen -> (b, t, hidden). Of an attention
+        layer's arguments only a left-padded batch's ``mask`` (b, 1, t, S) and ``input_pos`` are read, for which
+        tokens are padding (their own slots masked); the states hold the sequence so far.
         Up to DECODE_ROWS tokens (decode and verify steps) are mixed one token at a time, each as a one-token step
         mixes it, with the states after each kept where snapshots are set up; more (prefill) in chunks."""
         if self.recurrent_state is None or self.recurrent_state.shape[0] != x.shape[0]:
             raise RuntimeError(f"Gated DeltaNet state not set up for a batch of {x.shape[0]} (setup_state)")
         t = x.shape[1]
+        valid = None
+        if mask is not None and mask.dim() == 4:  # left padding: a token is valid where it may attend to itself
+            valid = mask[:, 0, torch.arange(t, device=x.device), input_pos].to(x.dtype)
         parts = (self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x), self.in_proj_z(x))
         if t > DECODE_ROWS:
-            return self.out_proj(self._mix(*parts, chunk=PREFILL_CHUNK))
+            return self.out_proj(self._mix(*parts, chunk=PREFILL_CHUNK, valid=valid))
         record = self.snap_recurrent is not None and t <= self.snap_recurrent.shape[1]
         outs = []
         for i in range(t):
-            outs.append(self._mix(*(p[:, i:i + 1] for p in parts), chunk=0))
+            outs.append(self._mix(*(p[:, i:i + 1] for p in parts), chunk=0,
+                                  valid=None if valid is None else valid[:, i:i + 1]))
             if record:
                 self.snap_conv[:, i].copy_(self.conv_state)
                 self.snap_recurrent[:, i].copy_(self.recurrent_state)

@@ -211,9 +211,6 @@ class Transformer(nn.Module):
         Left-padded batches pass ``rope_pos`` (b, t), each row's own positions, and ``key_valid``
         (b, S), False on padding slots.
         """
-        if key_valid is not None and self.mixers_with_state():
-            raise NotImplementedError("left-padded batches of a model with Gated DeltaNet layers are not supported "
-                                      "(padding would enter their recurrent state): run its prompts one at a time")
         x = F.embedding(tokens, self.embed)
         cos, sin, mask = self.positions(input_pos, rope_pos, key_valid, self.max_seq)
         delta = None
