@@ -102,3 +102,20 @@ def test_the_hybrid_shape_builds_and_runs_shrunk(fmt):
         prefill = model(torch.arange(40)[None], torch.arange(40))
         step = model(torch.tensor([[4]]), torch.tensor([40]))
     assert torch.isfinite(prefill).all() and torch.isfinite(step).all() and prefill.std() > 0.1
+
+
+def test_a_random_hybrid_has_a_random_mtp_head():
+    """random_mtp_head: bf16 weights of the head's shapes for a hybrid arch (a shrunk one here), refused for others."""
+    from dataclasses import replace
+    from unittest import mock
+
+    from anyfp4.bench import random_model as rm
+
+    args = rm.random_args("qwen3.5-27b", "mixed")
+    small = replace(args, num_layers=4, layer_types=args.layer_types[:4], vocab_size=1024, hidden_size=256,
+                    intermediate_size=512, num_heads=4, num_kv_heads=2, head_dim=64, rotary_dim=16)
+    with mock.patch.object(rm, "random_args", return_value=small):
+        head = rm.random_mtp_head("qwen3.5-27b", "mixed", "cpu", torch.float32)
+    assert head.fc.__class__.__name__ == "DenseLinear" and head.layer.attn.args.attn_output_gate
+    with pytest.raises(ValueError, match="no multi-token-prediction head"):
+        rm.random_mtp_head("smollm2-135m", "nvfp4", "cpu", torch.float32)

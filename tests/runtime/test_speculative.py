@@ -221,7 +221,7 @@ def test_mtp_needs_the_head(hybrid):
 
 def test_generate_takes_speculate_mtp(tmp_path, capsys):
     """``anyfp4 generate --speculate mtp``: the text of plain greedy decoding and the speculation line; a
-    checkpoint without an MTP head is refused before its weights are read; bench refuses it."""
+    checkpoint without an MTP head is refused before its weights are read; bench reports the head's drafts."""
     import transformers as tf
 
     from anyfp4.cli import main
@@ -245,8 +245,13 @@ def test_generate_takes_speculate_mtp(tmp_path, capsys):
     assert main(plain_args + ["--speculate", "mtp", "--draft-tokens", "3"]) == 0
     captured = capsys.readouterr()
     assert captured.out == plain and "[speculation:" in captured.err
-    assert main(["bench", str(src), "--speculate", "mtp", "--device", "cpu"]) != 0
-    assert "bench --speculate mtp is not supported yet" in capsys.readouterr().err
+    import json
+
+    assert main(["bench", str(src), "--speculate", "mtp", "--device", "cpu", "--json", "--prompt-len", "32",
+                 "--gen-len", "12", "--draft-tokens", "3"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    spec = (spec[0] if isinstance(spec, list) else spec)["speculative"]
+    assert spec["drafter"] == "mtp head" and spec["same_text"] and spec["verify_steps"] >= 1
 
 
 def test_a_captured_step_of_a_hybrid_holds_its_states(hybrid):

@@ -29,9 +29,11 @@ def weight_bytes_per_token(model: Transformer) -> int:
 
 @torch.no_grad()
 def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, seed: int = 0,
-                compile_decode: bool = False, speculate: int = 0, draft_model: Transformer | None = None) -> dict:
+                compile_decode: bool = False, speculate: int = 0, draft_model: Transformer | None = None,
+                mtp=None) -> dict:
     """Prefill and decode speed on a random prompt. ``speculate`` = k > 0 also runs greedy speculative
-    decoding with k drafted tokens (prompt lookup, or ``draft_model``) on the first prompt and reports its
+    decoding with k drafted tokens (prompt lookup, ``draft_model``, or the MTP head ``mtp``) on the first prompt and
+    reports its
     speed, acceptance length and whether its text equals plain decoding; the prompt then repeats a
     16-token random chunk, so that prompt lookup finds something (batch 1 only)."""
     from ..runtime.generate import decode_step
@@ -93,14 +95,16 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
         from ..runtime.speculative import generate_speculative
 
         params = SamplingParams(max_new_tokens=gen_len)
-        generate_speculative(model, prompt[0, :8].tolist(), SamplingParams(max_new_tokens=4), speculate, draft_model)
+        generate_speculative(model, prompt[0, :8].tolist(), SamplingParams(max_new_tokens=4), speculate, draft_model,
+                             mtp=mtp)
         sync(device)
         t0 = time.perf_counter()
-        spec_tokens, stats = generate_speculative(model, prompt[0].tolist(), params, speculate, draft_model)
+        spec_tokens, stats = generate_speculative(model, prompt[0].tolist(), params, speculate, draft_model, mtp=mtp)
         sync(device)
         t_spec = max(time.perf_counter() - t0 - t_prefill, 1e-9)  # minus the prefill measured above
         result["speculative"] = {
-            "draft_tokens": speculate, "drafter": "draft model" if draft_model is not None else "prompt lookup",
+            "draft_tokens": speculate,
+            "drafter": "draft model" if draft_model is not None else "mtp head" if mtp is not None else "prompt lookup",
             "verify_steps": stats.verify_steps, "acceptance_length": stats.acceptance_length,
             "decode_tok_s": (len(spec_tokens) - 1) / t_spec,
             "speedup": (len(spec_tokens) - 1) / t_spec / result["decode_tok_s"],

@@ -108,7 +108,7 @@ class RandomSource(WeightSource):
     def _format_of(self, name: str) -> str:
         if name == "lm_head" and self.quantized_head:
             return "nvfp4" if self.fmt == "mixed" else self.fmt
-        if name == "lm_head" or self.fmt == "bf16":
+        if name == "lm_head" or self.fmt == "bf16" or name.startswith("mtp."):  # ModelOpt leaves mtp.* as it is
             return "bf16"
         if self.fmt == "mixed":  # as ModelOpt's MIXED exports: FP8 attention and Gated DeltaNet projections
             return "fp8" if ".self_attn." in name or ".linear_attn." in name else "nvfp4"
@@ -126,13 +126,25 @@ class RandomSource(WeightSource):
         return random_bf16(out_features, in_features, d, g, std=in_features**-0.5), None
 
     def tensor(self, name, shape, device, dtype):
-        if name.endswith("norm.weight"):  # 1 as applied (a zero-centered norm stores 1 as 0)
+        if name.endswith("norm.weight") or name.startswith("mtp.pre_fc_norm"):  # 1 as applied (stored 0 if zero-centered)
             zero_centered = self.zero_centered and "linear_attn.norm" not in name
             return torch.full(shape, 0.0 if zero_centered else 1.0, device=device, dtype=dtype)
         return (torch.randn(shape, device=self.device, generator=self.gen) * 0.02).to(device=device, dtype=dtype)
 
     def has_linear(self, name):
         return name == "lm_head" and not self.tied
+
+
+def random_mtp_head(arch: str, fmt: str, device, dtype, seed: int = 1):
+    """A multi-token-prediction head of random weights for a hybrid ``arch`` (as checkpoints store it: bf16)."""
+    from ..runtime.loader import build_mtp
+
+    args = random_args(arch, fmt)
+    if not args.layer_types:
+        raise ValueError(f"random weights of {arch} have no multi-token-prediction head (a Qwen3.5 hybrid's)")
+    src = RandomSource(fmt, device, seed, tied=args.tie_word_embeddings, zero_centered=args.zero_centered_norms)
+    with torch.no_grad():
+        return build_mtp(args, src, device, dtype)
 
 
 def random_model(arch: str, fmt: str, device, dtype, seed: int = 0, progress: bool = True, rank: int = 0,

@@ -222,8 +222,6 @@ def _check_bench_spec(spec, args: argparse.Namespace) -> None:
         from ..runtime.config import ModelArgs
 
         model_args = ModelArgs.from_hf(CheckpointReader(spec).config)
-    if args.speculate == "mtp":
-        raise InputError("bench --speculate mtp is not supported yet (generate and chat take it)")
     speculate = args.draft_tokens if args.speculate else 0
     check_context(args.prompt_len, args.gen_len, model_args.max_position_embeddings, speculate)
     _check_draft_model(args.speculate, model_args.vocab_size)
@@ -236,6 +234,21 @@ def _bench_spec(model: str):
     return RandomSpec.parse(model) or model
 
 
+def _mtp_head(spec, device, dtype):
+    """``bench --speculate mtp``: the checkpoint's MTP head, or a random one for a random hybrid."""
+    from ..bench.random_model import RandomSpec, random_mtp_head
+
+    if isinstance(spec, RandomSpec):
+        try:
+            return random_mtp_head(spec.arch, spec.fmt, device, dtype)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+    from ..runtime.loader import load_mtp
+    from ..runtime.plan import plan_checkpoint, plan_mtp
+
+    return load_mtp(plan_mtp(plan_checkpoint(spec)), device, dtype)
+
+
 def _bench_one(spec, args: argparse.Namespace, device, dtype) -> dict:
     from ..bench.model import bench_model
     from ..bench.random_model import RandomSpec
@@ -245,13 +258,15 @@ def _bench_one(spec, args: argparse.Namespace, device, dtype) -> dict:
         model = spec.model(device, dtype, progress=not args.json)
     else:
         model, _ = load_model(spec, device, dtype, progress=not args.json)
-    draft = None
-    if args.speculate and args.speculate != "ngram":
+    draft = mtp = None
+    if args.speculate == "mtp":
+        mtp = _mtp_head(spec, device, dtype)
+    elif args.speculate and args.speculate != "ngram":
         draft, _ = load_model(args.speculate, device, dtype, progress=False)
     result = {"model": str(spec), **bench_model(model, args.prompt_len, args.gen_len, args.batch,
                                                 compile_decode=args.compile,
                                                 speculate=args.draft_tokens if args.speculate else 0,
-                                                draft_model=draft)}
+                                                draft_model=draft, mtp=mtp)}
     del model
     if device.type == "cuda":
         import torch

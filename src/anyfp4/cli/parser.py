@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = command("bench", "prefill / decode speed and the weight bandwidth decode achieves", commands.cmd_bench)
     b.add_argument("model", nargs="?", help="checkpoint directory (or use --random-weights)")
     b.add_argument("--random-weights", metavar="ARCH", help="a model of real shape with random weights made on the "
-                   "device: llama-3.1-8b, qwen3-8b, smollm2-135m")
+                   "device: llama-3.1-8b, qwen3-8b, smollm2-135m, qwen3.5-27b")
     b.add_argument("--format", default="nvfp4", choices=["nvfp4", "fp8", "mixed", "bf16"],
                    help="weight format for --random-weights")
     b.add_argument("--quantized-lm-head", action="store_true", help="with --random-weights: the lm_head in --format "
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     b.add_argument("--json", action="store_true", help="results as JSON on stdout (no progress bars)")
     b.add_argument("--compile", action="store_true", help="torch.compile the decode step (CUDA graph on GPUs)")
-    b.add_argument("--speculate", metavar="ngram|DRAFT_MODEL", help="also run greedy speculative decoding (batch 1; "
+    b.add_argument("--speculate", metavar="ngram|mtp|DRAFT_MODEL", help="also run greedy speculative decoding (batch 1; "
                    "the prompt then repeats a 16-token chunk) and report its speed and acceptance")
     b.add_argument("--draft-tokens", type=POSITIVE_INT, default=4, help=DRAFT_TOKENS_HELP)
     b.add_argument("--tp", type=POSITIVE_INT, default=1, help="split the model over N GPUs (NCCL) or N CPU "

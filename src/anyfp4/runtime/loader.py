@@ -125,12 +125,18 @@ def build_model(args: ModelArgs, src: WeightSource, device, dtype, progress: boo
     return Transformer(args, embed, blocks, norm, lm_head).eval()
 
 
-def load_mtp(plan: ModelPlan, device, dtype) -> MTPHead:
-    """The checkpoint's multi-token-prediction head (``plan_mtp``'s plan), for speculative decoding."""
-    src, args, dev = CheckpointSource(plan), plan.args, torch.device(device)
+def build_mtp(args: ModelArgs, src: WeightSource, device, dtype) -> MTPHead:
+    """A multi-token-prediction head (``mtp.*``) from ``src``."""
+    dev = torch.device(device)
     fc = make_linear(*src.linear(f"{MTP_PREFIX}fc", args.hidden_size, 2 * args.hidden_size), dev, dtype)
     norm_e, norm_h, norm = (_norm(src, args, n, args.hidden_size, dev, dtype) for n in MTP_NORMS)
-    head = MTPHead(fc, norm_e, norm_h, _block(src, args, 0, dev, dtype, prefix=MTP_LAYER), norm).eval()
+    return MTPHead(fc, norm_e, norm_h, _block(src, args, 0, dev, dtype, prefix=MTP_LAYER), norm).eval()
+
+
+def load_mtp(plan: ModelPlan, device, dtype) -> MTPHead:
+    """The checkpoint's multi-token-prediction head (``plan_mtp``'s plan), for speculative decoding."""
+    src = CheckpointSource(plan)
+    head = build_mtp(plan.args, src, device, dtype)
     if src.unread:
         raise RuntimeError(f"the MTP builder did not read {sorted(src.unread)[:3]}, which the plan has")
     return head
