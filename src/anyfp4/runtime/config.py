@@ -195,7 +195,7 @@ class ModelArgs:
             max_position_embeddings=_context(f, model_type),
             tie_word_embeddings=f.bool("tie_word_embeddings", False),
             qkv_bias=model_type == "qwen2" or (attention_bias and model_type != "mistral"),
-            o_bias=attention_bias and model_type in ("llama", "qwen3"),
+            o_bias=attention_bias and model_type in ("llama", "qwen3") + HYBRID_MODEL_TYPES,
             qk_norm=model_type in ("qwen3",) + HYBRID_MODEL_TYPES,
             **hybrid,
         )

@@ -62,7 +62,6 @@ class MTPDrafter:
         pos = torch.arange(start, start + len(tokens), device=dev)
         logits, out = self.head(self.model, torch.tensor([list(tokens)], device=dev), hidden, pos)
         self.next_logits, self.next_hidden, self.next_pos = logits[0, -1], out[:, -1:], start + len(tokens)
-        self.last_token = tokens[-1]
 
     def draft(self, k: int) -> list[int]:
         """k greedy drafts after the last observed token."""

@@ -154,7 +154,7 @@ def _check_linear(reader: CheckpointReader, args: ModelArgs, name: str, want: Li
 
 
 def _bias_rule(args: ModelArgs, name: str, bias: bool) -> str:
-    if ".self_attn." in name and args.model_type in ("llama", "qwen3"):
+    if ".self_attn." in name and args.model_type in ("llama", "qwen3", "qwen3_5_text"):
         return f"'attention_bias' is {'true' if bias else 'false'}"
     return f"{args.architecture} has {'a bias' if bias else 'none'} there"
 
