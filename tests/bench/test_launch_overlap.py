@@ -1,19 +1,13 @@
 """The launch-overlap probe's analysis (benchmarks/probes/launch_overlap.py) on made-up kernel intervals; no GPU."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "launch_overlap.py"
+from helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("launch_overlap", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("probes/launch_overlap.py")
 
 
 def test_gaps_durations_and_overlap(probe):

@@ -1,19 +1,13 @@
 """The launch sweep's choice of K slices (benchmarks/probes/mma_sweep.py), with a fake timer; no GPU."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "mma_sweep.py"
+from helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("mma_sweep", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("probes/mma_sweep.py")
 
 
 def fake_times(m1: dict, others: dict):

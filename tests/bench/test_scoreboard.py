@@ -4,24 +4,16 @@ it writes (with a fake timer); no GPU."""
 import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels" / "scoreboard.py"
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def sb():
-    return _load("scoreboard", SCRIPT)
+    return load_script("kernels/scoreboard.py")
 
 
 @pytest.fixture
@@ -77,7 +69,7 @@ def test_rows_and_copies(sb):
 
 
 def test_plot_speedups(sb, tmp_path):
-    plot = _load("plot", SCRIPT.parents[1] / "plot.py")
+    plot = load_script("plot.py")
     rows = [sb.make_row("bf16", 64, 32, 1, 4e-6, None), sb.make_row("anyfp4-fp8", 64, 32, 1, 2e-6, None),
             sb.make_row("tinygemm-int4", 64, 32, 1, None, None, note="missing")]
     assert plot.speedups(rows) == {"64x32": {"bf16": [(1, 1.0)], "anyfp4-fp8": [(1, 2.0)]}}

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from anyfp4.checkpoint.errors import CheckpointError
 from anyfp4.checkpoint.reader import CheckpointReader
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
+from helpers import tiny_qwen3_5_config
 
 pytest.importorskip("modelopt", reason="nvidia-modelopt (the 'interop' extra) is not installed")
 EXPORT_SCRIPT = Path(__file__).with_name("modelopt_export.py")
@@ -65,12 +66,16 @@ def random_llama(tmp_path_factory) -> Path:
                          num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, tie_word_embeddings=False,
                          architectures=["LlamaForCausalLM"])
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
-    with torch.no_grad():  # a spread of magnitudes per row, so block scales vary
+    return save_row_spread(LlamaForCausalLM(config), tmp_path_factory.mktemp("random_llama"))
+
+
+def save_row_spread(model, path: Path) -> Path:
+    """``model`` in bf16 with each 2-D weight's rows scaled by random magnitudes (so block scales vary), saved."""
+    model = model.to(torch.bfloat16)
+    with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(torch.exp(torch.randn(p.shape[0], 1) * 1.5).to(p.dtype))
-    path = tmp_path_factory.mktemp("random_llama")
     model.save_pretrained(str(path))
     return path
 
@@ -129,21 +134,11 @@ def test_all_zero_linears_against_modelopt(random_llama, tmp_path, fmt):
 
 @pytest.fixture(scope="module")
 def random_qwen3_5(tmp_path_factory) -> Path:
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    from transformers import Qwen3_5ForCausalLM
 
-    config = Qwen3_5TextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                               num_key_value_heads=2, vocab_size=256, head_dim=32, linear_num_key_heads=2,
-                               linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
-                               tie_word_embeddings=False, architectures=["Qwen3_5ForCausalLM"])
     torch.manual_seed(1)
-    model = Qwen3_5ForCausalLM(config).to(torch.bfloat16)
-    with torch.no_grad():  # a spread of magnitudes per row, so block scales vary
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(torch.exp(torch.randn(p.shape[0], 1) * 1.5).to(p.dtype))
-    path = tmp_path_factory.mktemp("random_qwen3_5")
-    model.save_pretrained(str(path))
-    return path
+    return save_row_spread(Qwen3_5ForCausalLM(tiny_qwen3_5_config(vocab_size=256)),
+                           tmp_path_factory.mktemp("random_qwen3_5"))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

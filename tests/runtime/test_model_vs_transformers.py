@@ -8,6 +8,7 @@ import torch
 
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
 from anyfp4.runtime.loader import load_model
+from helpers import tiny_qwen3_5_config
 
 # float32 on the CPU: the same operations as transformers, so the logits agree to rounding noise.
 LOGIT_ATOL = 1e-3
@@ -86,9 +87,7 @@ def test_architectures_match_transformers(tmp_path, arch):
     elif arch == "qwen3":
         cls, config = tf.Qwen3ForCausalLM, tf.Qwen3Config(**common, head_dim=32)
     elif arch == "qwen3_5":  # a hybrid: Gated DeltaNet in three of four layers, gated attention with partial RoPE
-        cls, config = tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig(
-            **{**common, "num_hidden_layers": 4}, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
-            linear_key_head_dim=32, linear_value_head_dim=32)
+        cls, config = tf.Qwen3_5ForCausalLM, tiny_qwen3_5_config(max_position_embeddings=256)
     else:
         cls, config = tf.MistralForCausalLM, tf.MistralConfig(**common)
     config.architectures = [cls.__name__]
@@ -104,10 +103,7 @@ def test_a_hybrids_decode_steps_follow_its_prefill(tmp_path):
     the logits of one pass over the whole sequence; a new setup_caches starts from empty states."""
     import transformers as tf
 
-    config = tf.Qwen3_5TextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                  num_key_value_heads=2, vocab_size=512, head_dim=32, linear_num_key_heads=2,
-                                  linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
-                                  tie_word_embeddings=False, architectures=["Qwen3_5ForCausalLM"])
+    config = tiny_qwen3_5_config()
     src = random_hf_checkpoint(tmp_path, tf.Qwen3_5ForCausalLM, config)
     model, _ = load_model(src, "cpu", torch.float32, progress=False)
     ids = torch.randint(0, 512, (1, 48), generator=torch.Generator().manual_seed(2))
@@ -161,10 +157,7 @@ def test_a_hybrid_config_that_disagrees_with_its_tensors_names_the_layer(tmp_pat
     from anyfp4.checkpoint.errors import CheckpointError
     from anyfp4.runtime.plan import plan_checkpoint
 
-    config = tf.Qwen3_5TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                                  num_key_value_heads=2, vocab_size=256, head_dim=16, linear_num_key_heads=2,
-                                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                                  architectures=["Qwen3_5ForCausalLM"])
+    config = tiny_qwen3_5_config(64, vocab_size=256)
     src = random_hf_checkpoint(tmp_path, tf.Qwen3_5ForCausalLM, config)
     plan_checkpoint(src)
     original = json.loads((src / "config.json").read_text())
@@ -183,11 +176,7 @@ def test_a_quantized_hybrid_matches_transformers_on_256_positions(tmp_path, fmt)
     as transformers with the same dequantized weights (float32)."""
     import transformers as tf
 
-    config = tf.Qwen3_5TextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                  num_key_value_heads=2, vocab_size=512, head_dim=32, linear_num_key_heads=2,
-                                  linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
-                                  max_position_embeddings=512, tie_word_embeddings=False,
-                                  architectures=["Qwen3_5ForCausalLM"])
+    config = tiny_qwen3_5_config(max_position_embeddings=512)
     src = random_hf_checkpoint(tmp_path / "src", tf.Qwen3_5ForCausalLM, config)
     q = quantize_checkpoint(src, tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
     ids = torch.randint(0, 512, (1, 256), generator=torch.Generator().manual_seed(3))
@@ -204,10 +193,7 @@ def test_a_hybrids_mtp_head_is_kept_and_left_unquantized(tmp_path, capsys):
     from anyfp4.cli import main
     from anyfp4.runtime.plan import plan_checkpoint
 
-    config = tf.Qwen3_5TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                                  num_key_value_heads=2, vocab_size=256, head_dim=16, linear_num_key_heads=2,
-                                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                                  architectures=["Qwen3_5ForCausalLM"])
+    config = tiny_qwen3_5_config(64, vocab_size=256)
     src = random_hf_checkpoint(tmp_path / "src", tf.Qwen3_5ForCausalLM, config)
     tensors = load_file(str(src / "model.safetensors"))
     tensors["mtp.fc.weight"] = torch.randn(64, 128).to(torch.bfloat16)

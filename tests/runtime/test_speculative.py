@@ -7,7 +7,7 @@ from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_che
 from anyfp4.runtime.generate import SamplingParams, generate
 from anyfp4.runtime.loader import load_model
 from anyfp4.runtime.speculative import generate_speculative, ngram_draft
-from helpers import TINY_LLAMA, write_float_checkpoint
+from helpers import TINY_LLAMA, save_random_qwen3_5, tiny_qwen3_5_config, write_float_checkpoint
 
 
 def test_ngram_draft():
@@ -102,16 +102,10 @@ def test_sampling_with_speculation_runs_and_is_seeded(model):
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
     """A Qwen3.5 hybrid (Gated DeltaNet layers), NVFP4, on the CPU in float32."""
-    import transformers as tf
 
     root = tmp_path_factory.mktemp("spec_hybrid")
-    config = tf.Qwen3_5TextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                  num_key_value_heads=2, vocab_size=512, head_dim=32, linear_num_key_heads=2,
-                                  linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
-                                  max_position_embeddings=512, tie_word_embeddings=False,
-                                  architectures=["Qwen3_5ForCausalLM"])
-    torch.manual_seed(0)
-    tf.Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(root / "src"))
+    config = tiny_qwen3_5_config(max_position_embeddings=512)
+    save_random_qwen3_5(root / "src", config)
     ckpt = quantize_checkpoint(root / "src", root / "q", QuantizeOptions(format=TargetFormat.NVFP4, progress=False)).dst
     m, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
     return m
@@ -153,19 +147,13 @@ def with_random_mtp_head(src, config, seed=5):
 
 @pytest.fixture(scope="module")
 def hybrid_with_mtp(tmp_path_factory):
-    import transformers as tf
 
     from anyfp4.runtime.loader import load_mtp, load_planned
     from anyfp4.runtime.plan import plan_checkpoint, plan_mtp
 
     root = tmp_path_factory.mktemp("spec_mtp")
-    config = tf.Qwen3_5TextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                  num_key_value_heads=2, vocab_size=512, head_dim=32, linear_num_key_heads=2,
-                                  linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
-                                  max_position_embeddings=512, tie_word_embeddings=False,
-                                  architectures=["Qwen3_5ForCausalLM"])
-    torch.manual_seed(0)
-    tf.Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(root / "src"))
+    config = tiny_qwen3_5_config(max_position_embeddings=512)
+    save_random_qwen3_5(root / "src", config)
     with_random_mtp_head(root / "src", config)
     ckpt = quantize_checkpoint(root / "src", root / "q", QuantizeOptions(format=TargetFormat.MIXED, progress=False)).dst
     plan = plan_checkpoint(ckpt)
@@ -222,19 +210,12 @@ def test_mtp_needs_the_head(hybrid):
 def test_generate_takes_speculate_mtp(tmp_path, capsys):
     """``anyfp4 generate --speculate mtp``: the text of plain greedy decoding and the speculation line; a
     checkpoint without an MTP head is refused before its weights are read; bench reports the head's drafts."""
-    import transformers as tf
 
     from anyfp4.cli import main
     from helpers import write_tokenizer
 
-    config = tf.Qwen3_5TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                                  num_key_value_heads=2, vocab_size=128, head_dim=16, linear_num_key_heads=2,
-                                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                                  max_position_embeddings=256, tie_word_embeddings=False,
-                                  architectures=["Qwen3_5ForCausalLM"])
-    torch.manual_seed(0)
-    src = tmp_path / "src"
-    tf.Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(src))
+    config = tiny_qwen3_5_config(64, vocab_size=128, max_position_embeddings=256)
+    src = save_random_qwen3_5(tmp_path / "src", config)
     write_tokenizer(src, 128)
     plain_args = ["generate", str(src), "--prompt", "abcabcabc", "--max-tokens", "12", "--device", "cpu", "--quiet"]
     assert main(plain_args + ["--speculate", "mtp"]) != 0

@@ -292,3 +292,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def tiny_qwen3_5_config(width: int = 128, **overrides):
+    """A small transformers ``Qwen3_5TextConfig``: four layers (three Gated DeltaNet, then gated full attention) of
+    ``width`` with four query / two KV heads and 2 key / 4 value Gated DeltaNet heads, all of width / 4, an untied
+    head, a vocabulary of 512; ``overrides`` replace any of these."""
+    from transformers import Qwen3_5TextConfig
+
+    d = width // 4
+    fields = dict(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=512, head_dim=d, linear_num_key_heads=2, linear_num_value_heads=4,
+                  linear_key_head_dim=d, linear_value_head_dim=d, tie_word_embeddings=False,
+                  architectures=["Qwen3_5ForCausalLM"])
+    return Qwen3_5TextConfig(**{**fields, **overrides})
+
+
+def save_random_qwen3_5(path: Path, config, seed: int = 0) -> Path:
+    """A ``Qwen3_5ForCausalLM`` of ``config`` with transformers' seeded random init, saved in bf16 at ``path``."""
+    from transformers import Qwen3_5ForCausalLM
+
+    torch.manual_seed(seed)
+    Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(path))
+    return path
+
+
+def load_script(relative: str):
+    """A script under benchmarks/ (``relative`` to it, e.g. "probes/mma_sweep.py") imported as a module."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
