@@ -81,6 +81,18 @@ class Attention(nn.Module):
         """What a step reads and writes beside its inputs (a captured CUDA graph holds on to these tensors)."""
         return [self.k_cache, self.v_cache]
 
+    def setup_cache(self, batch: int, max_seq: int, dtype: torch.dtype, device: torch.device) -> None:
+        """A zeroed KV cache for ``batch`` sequences of up to ``max_seq`` tokens (the same tensors when the shape is
+        unchanged: CUDA graphs captured over them stay valid)."""
+        a = self.args
+        shape = (batch, a.num_kv_heads, max_seq, a.head_dim)
+        for name in ("k_cache", "v_cache"):
+            old = getattr(self, name)
+            if old is not None and old.shape == shape and old.dtype == dtype and old.device == device:
+                old.zero_()
+            else:
+                setattr(self, name, torch.zeros(shape, dtype=dtype, device=device))
+
     def project(self, x: torch.Tensor):
         a = self.args
         if isinstance(self.qkv, nn.ModuleList):
@@ -175,17 +187,11 @@ class Transformer(nn.Module):
         a = self.args
         if max_seq > a.max_position_embeddings:
             raise ValueError(f"{max_seq} tokens exceed the model's context of {a.max_position_embeddings}")
-        shape = (batch, a.num_kv_heads, max_seq, a.head_dim)
         for blk in self.blocks:
             if isinstance(blk.attn, GatedDeltaNet):
                 blk.attn.setup_state(batch)
-                continue
-            for name in ("k_cache", "v_cache"):
-                old = getattr(blk.attn, name)
-                if old is not None and old.shape == shape and old.dtype == self.dtype and old.device == self.device:
-                    old.zero_()  # the same tensors: CUDA graphs captured over them stay valid
-                else:
-                    setattr(blk.attn, name, torch.zeros(shape, dtype=self.dtype, device=self.device))
+            else:
+                blk.attn.setup_cache(batch, max_seq, self.dtype, self.device)
         self.max_seq = max_seq
 
     def mixers_with_state(self) -> list[GatedDeltaNet]:

@@ -25,10 +25,7 @@ class MTPHead(nn.Module):
         self.max_seq = 0
 
     def setup_caches(self, batch: int, max_seq: int, model: Transformer) -> None:
-        a = model.args
-        shape = (batch, a.num_kv_heads, max_seq, a.head_dim)
-        for name in ("k_cache", "v_cache"):
-            setattr(self.layer.attn, name, torch.zeros(shape, dtype=model.dtype, device=model.device))
+        self.layer.attn.setup_cache(batch, max_seq, model.dtype, model.device)
         self.max_seq = max_seq
 
     def forward(self, model: Transformer, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor):

@@ -47,8 +47,11 @@ def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
 def per_row(fn, x: torch.Tensor) -> torch.Tensor:
     """``fn`` (an elementwise transcendental function: exp, rsqrt, silu, ...) on each batch row of x alone: torch's
     CPU kernels compute a tensor's elements partly in vector lanes and partly in a scalar tail, with different
-    bits, so the same value can round differently in a larger batch."""
-    return torch.stack([fn(row) for row in x.unbind(0)]) if x.shape[0] > 1 else fn(x)
+    bits, so the same value can round differently in a larger batch. Its CUDA kernels apply one per-element function
+    whatever the size (vector loads only), so there x goes whole: no launch per row on the decode path."""
+    if x.shape[0] == 1 or x.is_cuda:
+        return fn(x)
+    return torch.stack([fn(row) for row in x.unbind(0)])
 
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
@@ -70,10 +73,21 @@ def _heads(q, k, v, g, beta):
     return [t.float().transpose(1, 2) for t in (q, k, v, g, beta)]
 
 
-def _check_state(state: torch.Tensor, b: int, hv: int, dk: int, dv: int) -> None:
+def _per_head(q, k, v, g, beta, state: torch.Tensor):
+    """Both forms' start: the state checked against the shapes; q, k, v, g, beta per value head (``_heads``) and
+    a float32 output buffer (b, hv, t, dv)."""
+    b, t, hv, dv = v.shape
+    dk = k.shape[-1]
     if state.shape != (b, hv, dk, dv) or state.dtype != torch.float32:
         raise ValueError(f"the recurrent state must be ({b}, {hv}, {dk}, {dv}) float32, got {tuple(state.shape)} "
                          f"{state.dtype}")
+    return (*_heads(q, k, v, g, beta), torch.empty(b, hv, t, dv, dtype=torch.float32, device=v.device))
+
+
+def _finish(out: torch.Tensor, state: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Both forms' end: the final state into ``state``, the outputs (b, t, hv, dv) in ``dtype``."""
+    state.copy_(s)
+    return out.transpose(1, 2).to(dtype)
 
 
 def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -81,12 +95,9 @@ def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     """Token by token: q, k (b, t, hk, dk), v (b, t, hv, dv), g, beta (b, t, hv) -> o (b, t, hv, dv) in v's dtype;
     ``state`` (b, hv, dk, dv) float32 is read and left as after the last token. Each batch row on its own (no
     matrix products across rows): a row's bits do not depend on the batch."""
-    b, t, hv, dv = v.shape
-    _check_state(state, b, hv, k.shape[-1], dv)
-    out_dtype = v.dtype
-    q, k, v, g, beta = _heads(q, k, v, g, beta)
+    dtype, t = v.dtype, v.shape[1]
+    q, k, v, g, beta, out = _per_head(q, k, v, g, beta, state)
     s = state.clone()
-    out = torch.empty(b, hv, t, dv, dtype=torch.float32, device=v.device)
     decay = per_row(torch.exp, g)
     for i in range(t):
         s = s * decay[:, :, i, None, None]
@@ -94,8 +105,7 @@ def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         delta = (v[:, :, i] - tree_sum(s * kt, -2)[:, :, 0]) * beta[:, :, i, None]
         s = s + kt * delta[:, :, None, :]
         out[:, :, i] = tree_sum(s * q[:, :, i, :, None], -2)[:, :, 0]
-    state.copy_(s)
-    return out.transpose(1, 2).to(out_dtype)
+    return _finish(out, state, s, dtype)
 
 
 def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -104,12 +114,9 @@ def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
     ``gated_delta_recurrent``, to float32 rounding."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    b, t, hv, dv = v.shape
-    _check_state(state, b, hv, k.shape[-1], dv)
-    out_dtype = v.dtype
-    q, k, v, g, beta = _heads(q, k, v, g, beta)
+    dtype, t = v.dtype, v.shape[1]
+    q, k, v, g, beta, out = _per_head(q, k, v, g, beta, state)
     s = state.clone()
-    out = torch.empty(b, hv, t, dv, dtype=torch.float32, device=v.device)
     for c0 in range(0, t, chunk):
         c1 = min(t, c0 + chunk)
         qc, kc, vc, bc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1], beta[:, :, c0:c1]
@@ -125,8 +132,7 @@ def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
         out[:, :, c0:c1] = gamma.exp()[..., None] * (qc @ s) + (decay * (qc @ kc.transpose(-1, -2))) @ delta
         last = gamma[..., -1:]  # (b, hv, 1)
         s = last.exp()[..., None] * s + kc.transpose(-1, -2) @ ((last - gamma).exp()[..., None] * delta)
-    state.copy_(s)
-    return out.transpose(1, 2).to(out_dtype)
+    return _finish(out, state, s, dtype)
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
