@@ -205,4 +205,4 @@ def test_a_hybrids_mtp_head_is_kept_and_left_unquantized(tmp_path, capsys):
         assert torch.equal(f.get_tensor("mtp.fc.weight"), tensors["mtp.fc.weight"])
         assert "mtp.fc.weight_scale" not in f.keys()
     assert main(["inspect", str(q)]) == 0
-    assert "2 mtp.* tensors stored, not used yet" in capsys.readouterr().out
+    assert "2 mtp.* tensors stored (drafts for --speculate mtp)" in capsys.readouterr().out

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checkpoint.quant_config import module_matches
+from ..checkpoint.writer import DEFAULT_EXCLUDE, TargetFormat, layer_format
 from ..runtime.config import FULL_ATTENTION, LINEAR_ATTENTION, GDNShape, ModelArgs
 from ..runtime.loader import WeightSource, build_model
 from .random_weights import random_bf16, random_fp8, random_nvfp4
@@ -108,11 +110,9 @@ class RandomSource(WeightSource):
     def _format_of(self, name: str) -> str:
         if name == "lm_head" and self.quantized_head:
             return "nvfp4" if self.fmt == "mixed" else self.fmt
-        if name == "lm_head" or self.fmt == "bf16" or name.startswith("mtp."):  # ModelOpt leaves mtp.* as it is
+        if self.fmt == "bf16" or any(module_matches(name, p) for p in DEFAULT_EXCLUDE):  # as quantize leaves them
             return "bf16"
-        if self.fmt == "mixed":  # as ModelOpt's MIXED exports: FP8 attention and Gated DeltaNet projections
-            return "fp8" if ".self_attn." in name or ".linear_attn." in name else "nvfp4"
-        return self.fmt
+        return layer_format(name, TargetFormat(self.fmt)).value
 
     def linear(self, name, out_features, in_features):
         fmt, d, g = self._format_of(name), self.device, self.gen

@@ -176,7 +176,8 @@ def print_report(report: dict) -> None:
         if mixers:
             console.print("decoder layers: " + ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in mixers.items()))
             if report.get("mtp_tensors"):
-                console.print(f"multi-token-prediction head: {report['mtp_tensors']} mtp.* tensors stored, not used yet")
+                console.print(f"multi-token-prediction head: {report['mtp_tensors']} mtp.* tensors stored "
+                              "(drafts for --speculate mtp)")
         console.print(f"[green]valid[/green] ({checked} checked); runs as {report['architecture']}")
     else:
         console.print(f"[red]{report['status']}:[/red] {report['error']}", highlight=False, soft_wrap=True)

@@ -81,7 +81,9 @@ class QuantizeSummary:
     bytes_written: int = 0
 
 
-def _layer_format(module: str, fmt: TargetFormat) -> WeightFormat:
+def layer_format(module: str, fmt: TargetFormat) -> WeightFormat:
+    """The format ``fmt`` gives a linear ``module`` that the exclusions leave in (mixed: FP8 attention projections,
+    a hybrid's Gated DeltaNet ones among them, NVFP4 the rest)."""
     if fmt is TargetFormat.NVFP4:
         return WeightFormat.NVFP4
     if fmt is TargetFormat.FP8:
@@ -103,7 +105,7 @@ def plan_layers(index: TensorIndex, options: QuantizeOptions) -> dict[str, Weigh
         if info.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise CheckpointError(f"cannot quantize a {info.dtype} weight; the source must be float", file=info.file,
                                   tensor=name)
-        fmt = _layer_format(module, options.format)
+        fmt = layer_format(module, options.format)
         if fmt is WeightFormat.NVFP4 and info.shape[1] % GROUP_SIZE:
             raise CheckpointError(
                 f"in_features {info.shape[1]} is not a multiple of {GROUP_SIZE}, so this layer cannot be NVFP4; "

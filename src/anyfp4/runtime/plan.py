@@ -8,7 +8,8 @@ exactly those: the decoder layers 0 .. num_hidden_layers-1 and no more, each lin
 shape, biases where the architecture has them and nowhere else, the norms, an ``lm_head`` unless the
 embeddings are tied (and not as well), and no other tensor (a stored tensor the runner would not read
 means config and weights describe different models: a MoE's experts, an extra layer, a bias) — a Qwen3.5 hybrid's
-multi-token-prediction head (``mtp.*``) aside, which is stored beside the model and not read yet.
+multi-token-prediction head (``mtp.*``) aside, which is stored beside the model and planned on its own
+(``plan_mtp``, for ``--speculate mtp``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ LM_HEAD = "lm_head"
 # Stored tensors no decoder reads: KV-cache / activation scales, old exports' RoPE buffers.
 UNREAD_SUFFIXES = IGNORED_SUFFIXES + ("inv_freq",)
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
-# A hybrid's multi-token-prediction head (a draft for speculative decoding): stored beside the model, not read yet.
+# A hybrid's multi-token-prediction head (a draft for speculative decoding): stored beside the model, read only by
+# plan_mtp / load_mtp.
 MTP_PREFIX = "mtp."
 
 
