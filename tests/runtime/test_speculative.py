@@ -7,7 +7,7 @@ from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_che
 from anyfp4.runtime.generate import SamplingParams, generate
 from anyfp4.runtime.loader import load_model
 from anyfp4.runtime.speculative import generate_speculative, ngram_draft
-from helpers import TINY_LLAMA, save_random_qwen3_5, tiny_qwen3_5_config, write_float_checkpoint
+from helpers import TINY_LLAMA, save_random_qwen3_5, tiny_qwen3_5_config, with_random_mtp_head, write_float_checkpoint
 
 
 def test_ngram_draft():
@@ -120,29 +120,6 @@ def test_a_hybrid_speculates_the_same_greedy_text(hybrid, k):
     spec, stats = generate_speculative(hybrid, prompt, params, k)
     assert spec == plain
     assert stats.verify_steps < len(plain) and stats.accepted < stats.drafted  # drafts kept and drafts rejected
-
-
-def with_random_mtp_head(src, config, seed=5):
-    """Adds an MTP head of random weights (mtp.fc, its norms, one gated full-attention layer) to checkpoint ``src``."""
-    from safetensors.torch import load_file, save_file
-
-    gen = torch.Generator().manual_seed(seed)
-    h, hd, heads, kv, inter = (config.hidden_size, config.head_dim, config.num_attention_heads,
-                               config.num_key_value_heads, config.intermediate_size)
-    shapes = {"mtp.fc.weight": (h, 2 * h), "mtp.layers.0.self_attn.q_proj.weight": (2 * heads * hd, h),
-              "mtp.layers.0.self_attn.k_proj.weight": (kv * hd, h), "mtp.layers.0.self_attn.v_proj.weight": (kv * hd, h),
-              "mtp.layers.0.self_attn.o_proj.weight": (h, heads * hd), "mtp.layers.0.mlp.gate_proj.weight": (inter, h),
-              "mtp.layers.0.mlp.up_proj.weight": (inter, h), "mtp.layers.0.mlp.down_proj.weight": (h, inter)}
-    tensors = load_file(str(src / "model.safetensors"))
-    for name, shape in shapes.items():
-        tensors[name] = (torch.randn(shape, generator=gen) * shape[1] ** -0.5).to(torch.bfloat16)
-    for name, size in [("mtp.pre_fc_norm_embedding.weight", h), ("mtp.pre_fc_norm_hidden.weight", h),
-                       ("mtp.norm.weight", h), ("mtp.layers.0.input_layernorm.weight", h),
-                       ("mtp.layers.0.post_attention_layernorm.weight", h), ("mtp.layers.0.self_attn.q_norm.weight", hd),
-                       ("mtp.layers.0.self_attn.k_norm.weight", hd)]:
-        tensors[name] = (0.1 * torch.randn(size, generator=gen)).to(torch.bfloat16)
-    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
-    return src
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,85 @@
+"""A Qwen3.5 hybrid on a GPU (GPU only): the CUDA-graph step replays the eager step with its Gated DeltaNet states,
+a verify pass gives the bits of single steps, a left-padded batch decodes what each prompt decodes alone, and
+speculation (n-gram and the MTP head) keeps plain decoding's greedy text."""
+
+import pytest
+import torch
+
+from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
+from anyfp4.runtime.generate import SamplingParams, decode_step, generate
+from helpers import save_random_qwen3_5, tiny_qwen3_5_config, with_random_mtp_head
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(scope="module", params=["mixed", "nvfp4", "bf16"])
+def hybrid(request, tmp_path_factory):
+    """A tiny random Qwen3.5 hybrid with a random MTP head, in ``request.param``, on the GPU in bf16."""
+    from anyfp4.runtime.loader import load_mtp, load_planned
+    from anyfp4.runtime.plan import plan_checkpoint, plan_mtp
+
+    root = tmp_path_factory.mktemp(f"gpu_hybrid_{request.param}")
+    config = tiny_qwen3_5_config(max_position_embeddings=512)
+    save_random_qwen3_5(root / "src", config)
+    with_random_mtp_head(root / "src", config)
+    ckpt = root / "src"
+    if request.param != "bf16":
+        fmt = TargetFormat.MIXED if request.param == "mixed" else TargetFormat.NVFP4
+        ckpt = quantize_checkpoint(ckpt, root / "q", QuantizeOptions(format=fmt, progress=False)).dst
+    plan = plan_checkpoint(ckpt)
+    return load_planned(plan, CUDA, torch.bfloat16, progress=False), load_mtp(plan_mtp(plan), CUDA, torch.bfloat16)
+
+
+def test_graphed_step_matches_eager(hybrid):
+    model, _ = hybrid
+    prompt = torch.randint(0, model.args.vocab_size, (2, 12), device=CUDA,
+                           generator=torch.Generator(device=CUDA).manual_seed(0))
+    step = decode_step(model)
+    results = {}
+    for name, fn in (("eager", model), ("graph", step)):
+        model.setup_caches(2, 32)
+        logits = model(prompt, torch.arange(12, device=CUDA))
+        outs = []
+        for i in range(6):
+            nxt = logits[:, -1].argmax(-1)
+            logits = fn(nxt[:, None], torch.tensor([12 + i], device=CUDA))
+            outs.append(logits.clone())
+        results[name] = torch.stack(outs)
+    assert torch.equal(results["eager"], results["graph"])
+
+
+def test_a_verify_pass_gives_the_bits_of_decode_steps(hybrid):
+    """Speculation's greedy text holds only if a row of a 6-row pass is computed as a one-row step is."""
+    model, _ = hybrid
+    gen = torch.Generator(device=CUDA).manual_seed(1)
+    prompt = torch.randint(0, model.args.vocab_size, (1, 40), device=CUDA, generator=gen)
+    new = torch.randint(0, model.args.vocab_size, (1, 6), device=CUDA, generator=gen)
+    step = decode_step(model)
+    model.setup_caches(1, 64)
+    model(prompt, torch.arange(40, device=CUDA))
+    singles = torch.cat([step(new[:, i:i + 1], torch.tensor([40 + i], device=CUDA)).clone() for i in range(6)], 1)
+    model.setup_caches(1, 80)
+    model(prompt, torch.arange(40, device=CUDA))
+    verify = step(new, torch.arange(40, 46, device=CUDA))
+    assert torch.equal(verify, singles)
+
+
+def test_a_left_padded_batch_equals_single_runs(hybrid):
+    model, _ = hybrid
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [11, 12, 13], [42]]
+    params = SamplingParams(max_new_tokens=12)
+    assert generate(model, prompts, params) == [generate(model, [p], params)[0] for p in prompts]
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_speculation_keeps_the_greedy_text(hybrid, k):
+    from anyfp4.runtime.speculative import generate_speculative
+
+    model, head = hybrid
+    prompt = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5] * 2
+    params = SamplingParams(max_new_tokens=40)
+    plain = generate(model, [prompt], params)[0]
+    ngram, _ = generate_speculative(model, prompt, params, k)
+    mtp, stats = generate_speculative(model, prompt, params, k, mtp=head)
+    assert ngram == plain and mtp == plain and stats.verify_steps >= 1
