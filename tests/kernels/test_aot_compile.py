@@ -19,6 +19,7 @@ from anyfp4.kernels.triton.nvfp4_decode import act_block_pack_kernel, nvfp4_deco
 from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequant_kernel
 from anyfp4.kernels.triton.nvfp4_epilogue import splitk_reduce_kernel
 from anyfp4.kernels.triton.nvfp4_gemv import nvfp4_gemv_kernel
+from anyfp4.kernels.gdn.step import conv_step_kernel, delta_step_kernel
 from anyfp4.kernels.glue.rms_norm import add_rms_norm_kernel, rms_norm_kernel
 from anyfp4.kernels.glue.rope_cache import rope_cache_kernel
 from anyfp4.kernels.glue.small_attention import small_attention_kernel, small_attention_merge_kernel
@@ -142,6 +143,22 @@ def support_kernels_compile(cc):
                                           "sv_t", "sv_h", "sc_b", "sc_t", "sqo_b", "sqo_t", "sqo_h", "skc_b",
                                           "skc_h", "skc_s", "svc_b", "svc_h", "svc_s")}}
         compile_for(rope_cache_kernel, rope_sig, {"BLOCK": 64, "INTERPRET": False}, cc, num_warps=1)
+        gdn_kernels_compile(act, cc)
+
+
+def gdn_kernels_compile(act, cc):
+    """The Gated DeltaNet step kernels at Qwen3.5-27B's head sizes (and a norm weight in float32)."""
+    compile_for(conv_step_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "state_ptr": f"*{act}", "y_ptr": f"*{act}",
+                                   **{n: "i32" for n in ("channels", "stride_xb", "stride_sb", "stride_sc",
+                                                         "stride_yb")}},
+                {"WIDTH": 4, "BLOCK": 1024, "INTERPRET": False}, cc)
+    for norm_w, has_valid in ((act, False), ("fp32", True)):
+        sig = {**{n: f"*{act}" for n in ("mixed_ptr", "a_ptr", "b_ptr", "z_ptr")}, "neg_a_ptr": "*fp32",
+               "dt_bias_ptr": "*fp32", "norm_w_ptr": f"*{norm_w}", "state_ptr": "*fp32", "out_ptr": f"*{act}",
+               "valid_ptr": "*fp32", **{n: "i32" for n in ("v_heads", "stride_mb", "stride_ab", "stride_bb",
+                                                          "stride_zb", "stride_ob")}, "q_scale": "fp32", "eps": "fp32"}
+        compile_for(delta_step_kernel, sig, {"K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BV": 64,
+                                             "HAS_VALID": has_valid, "INTERPRET": False}, cc, num_warps=8)
 
 
 @pytest.mark.parametrize("cc", ARCHS)

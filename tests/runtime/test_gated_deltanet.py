@@ -23,9 +23,11 @@ def layers(seed: int):
         for lin in (theirs.in_proj_qkv, theirs.in_proj_z, theirs.in_proj_b, theirs.in_proj_a, theirs.out_proj):
             lin.weight.normal_(0, 0.2)
     shape = GDNShape(k_heads=2, v_heads=4, k_dim=8, v_dim=12, conv_kernel=4)
-    mine = GatedDeltaNet(shape, theirs.in_proj_qkv, theirs.in_proj_z, theirs.in_proj_b, theirs.in_proj_a,
-                         theirs.out_proj, theirs.conv1d.weight.detach()[:, 0].clone(), theirs.A_log.detach().clone(),
-                         theirs.dt_bias.detach().clone(), theirs.norm.weight.detach().clone(), 1e-6)
+    pairs = torch.nn.ModuleList([theirs.in_proj_qkv, theirs.in_proj_z]), torch.nn.ModuleList([theirs.in_proj_b,
+                                                                                              theirs.in_proj_a])
+    mine = GatedDeltaNet(shape, *pairs, theirs.out_proj, theirs.conv1d.weight.detach()[:, 0].clone(),
+                         theirs.A_log.detach().clone(), theirs.dt_bias.detach().clone(),
+                         theirs.norm.weight.detach().clone(), 1e-6)
     return theirs, mine
 
 
@@ -38,6 +40,14 @@ class RowByRow(torch.nn.Module):
 
     def forward(self, x):
         return (x[..., None, :] * self.weight).sum(-1)
+
+
+def row_by_row(mine):
+    """``mine`` with every projection replaced by a RowByRow of it."""
+    for pair in ("in_proj_qkvz", "in_proj_ba"):
+        setattr(mine, pair, torch.nn.ModuleList([RowByRow(m) for m in getattr(mine, pair)]))
+    mine.out_proj = RowByRow(mine.out_proj)
+    return mine
 
 
 def close(a, b, tol=1e-4):
@@ -60,8 +70,7 @@ def test_prefill_then_decode_is_the_layer_over_the_whole_sequence():
 @torch.no_grad()
 def test_rows_alone_equal_rows_in_a_batch():
     _, mine = layers(2)
-    for name in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
-        setattr(mine, name, RowByRow(getattr(mine, name)))
+    row_by_row(mine)
     x = torch.randn(3, 6, 48)
     mine.setup_state(3)
     together = torch.cat([mine(x[:, i:i + 1]) for i in range(6)], 1)
@@ -73,8 +82,7 @@ def test_rows_alone_equal_rows_in_a_batch():
 
 def test_wrong_shapes_are_named():
     theirs, mine = layers(3)
-    args = dict(shape=mine.shape, in_proj_qkv=theirs.in_proj_qkv, in_proj_z=theirs.in_proj_z,
-                in_proj_b=theirs.in_proj_b, in_proj_a=theirs.in_proj_a, out_proj=theirs.out_proj,
+    args = dict(shape=mine.shape, in_proj_qkvz=mine.in_proj_qkvz, in_proj_ba=mine.in_proj_ba, out_proj=theirs.out_proj,
                 conv_weight=torch.zeros(80, 4), a_log=torch.zeros(4), dt_bias=torch.zeros(4),
                 norm_weight=torch.ones(12), eps=1e-6)
     GatedDeltaNet(**args)
@@ -117,8 +125,7 @@ def test_snapshots_return_to_any_prefix_of_a_step():
     """Keeping the states after the first tokens of a step, the next token's output is that of a run over just
     those tokens (bit for bit: linears whose rows do not depend on their number)."""
     _, mine = layers(4)
-    for name in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
-        setattr(mine, name, RowByRow(getattr(mine, name)))
+    row_by_row(mine)
     x = torch.randn(1, 10, 48)
     with torch.no_grad():
         for keep in (1, 3, 5):

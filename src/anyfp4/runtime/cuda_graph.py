@@ -2,11 +2,13 @@
 torch.compile): a step is then one graph replay instead of hundreds of kernel launches from Python.
 
 ``GraphedDecodeStep(model)`` is called like the model for steps of a few tokens, ``(tokens (b, t),
-input_pos (t,), rope_pos (b, t) | None, key_valid (b, S) | None) -> logits``, t <= 32 (t = 1: decode;
-t = k + 1: a speculative verify pass). The first call for a shape / padding mode captures a graph
-(after two warm-up runs on a side stream, which write the same cache slots the real step writes);
+input_pos (t,), rope_pos (b, t) | None, key_valid (b, S) | None, hidden=False) -> logits`` (with ``hidden``,
+also the final norm's output, as the model returns them), t <= 32 (t = 1: decode; t = k + 1: a speculative
+verify pass). The first call for a shape / padding mode captures a graph
+(after two warm-up runs on a side stream, which write the same cache slots the real step writes; recurrent
+states, which a run advances, are put back as they were before the warm-ups);
 later calls copy their inputs into the graph's static buffers and replay. All graphs of one model
-share one memory pool. The returned logits live in the graph's output buffer: they are valid until
+share one memory pool. The returned tensors live in the graph's output buffers: they are valid until
 the next call.
 
 Graphs are valid for the KV cache tensors they were captured with (held here, compared by identity: a
@@ -31,7 +33,7 @@ class _Captured:
     input_pos: torch.Tensor
     rope_pos: torch.Tensor | None
     key_valid: torch.Tensor | None
-    logits: torch.Tensor
+    logits: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
     caches: list[torch.Tensor]
 
 
@@ -43,13 +45,15 @@ class GraphedDecodeStep:
         self._graphs: dict[tuple, _Captured] = {}
         self._pool = None
 
-    def _capture(self, tokens, input_pos, rope_pos, key_valid) -> _Captured:
+    def _capture(self, tokens, input_pos, rope_pos, key_valid, hidden: bool) -> _Captured:
         static = [t.clone() if t is not None else None for t in (tokens, input_pos, rope_pos, key_valid)]
+        advanced = self.model.advancing_states()
+        before = [t.clone() for t in advanced]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self.model(*static)
+                self.model(*static, hidden=hidden)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
@@ -58,7 +62,9 @@ class GraphedDecodeStep:
         # NCCL's watchdog thread polls events of earlier collectives, which a "global" capture forbids.
         torch.cuda.synchronize()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            logits = self.model(*static)
+            logits = self.model(*static, hidden=hidden)
+        for t, saved in zip(advanced, before):
+            t.copy_(saved)
         return _Captured(graph, *static, logits, self._caches())
 
     def _caches(self) -> list[torch.Tensor]:
@@ -70,16 +76,16 @@ class GraphedDecodeStep:
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, input_pos: torch.Tensor, rope_pos: torch.Tensor | None = None,
-                 key_valid: torch.Tensor | None = None) -> torch.Tensor:
+                 key_valid: torch.Tensor | None = None, hidden: bool = False):
         if tokens.shape[1] > DECODE_ROWS:
             raise ValueError(f"a graphed step takes at most {DECODE_ROWS} tokens per row, got {tokens.shape[1]}")
         key = (tuple(tokens.shape), rope_pos is not None, key_valid is not None,
-               None if key_valid is None else tuple(key_valid.shape))
+               None if key_valid is None else tuple(key_valid.shape), hidden)
         if not self._same_caches():
             self._graphs, self._pool = {}, None  # release old graphs (and their cache references) first
         c = self._graphs.get(key)
         if c is None:
-            c = self._graphs[key] = self._capture(tokens, input_pos, rope_pos, key_valid)
+            c = self._graphs[key] = self._capture(tokens, input_pos, rope_pos, key_valid, hidden)
         c.tokens.copy_(tokens)
         c.input_pos.copy_(input_pos)
         if rope_pos is not None:

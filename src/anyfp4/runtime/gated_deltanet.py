@@ -1,27 +1,29 @@
 """A Gated DeltaNet token mixer (the linear-attention layers of Qwen3.5-style hybrids), computed as transformers'
 Qwen3.5 does: q/k/v from one projection through a depthwise causal convolution and silu, the gated delta rule over a
 float32 recurrent state per value head (decay exp(-exp(A_log) * softplus(a + dt_bias)), write strength sigmoid(b)),
-a gated RMSNorm per head with z, and the output projection. The four input projections and the output projection are
-whatever linears the loader builds (any format); the states live in fixed buffers, like the KV cache."""
+a gated RMSNorm per head with z, and the output projection. The input projections (qkv with z, b with a: each pair
+one launch where their formats allow) and the output projection are whatever linears the loader builds (any format);
+the states live in fixed buffers, like the KV cache."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
 from ..dispatch.limits import DECODE_ROWS
-from ..kernels.gdn.reference import per_row
+from ..kernels.gdn.reference import gates, split_heads
 from .config import GDNShape
 
 PREFILL_CHUNK = 64  # tokens per chunk of the gated delta rule beyond DECODE_ROWS (token by token up to it)
 
 
 class GatedDeltaNet(nn.Module):
-    def __init__(self, shape: GDNShape, in_proj_qkv: nn.Module, in_proj_z: nn.Module, in_proj_b: nn.Module,
-                 in_proj_a: nn.Module, out_proj: nn.Module, conv_weight: torch.Tensor, a_log: torch.Tensor,
-                 dt_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float):
+    def __init__(self, shape: GDNShape, in_proj_qkvz: nn.Module, in_proj_ba: nn.Module, out_proj: nn.Module,
+                 conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor,
+                 eps: float):
+        """``in_proj_qkvz``: in_proj_qkv and in_proj_z as one fused linear or a ModuleList of the two;
+        ``in_proj_ba``: in_proj_b and in_proj_a likewise."""
         super().__init__()
         s = shape
         if s.v_heads % s.k_heads:
@@ -32,7 +34,7 @@ class GatedDeltaNet(nn.Module):
             if tuple(t.shape) != expected:
                 raise ValueError(f"Gated DeltaNet {name} has shape {tuple(t.shape)}, the head counts give {expected}")
         self.shape, self.eps = s, eps
-        self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a = in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+        self.in_proj_qkvz, self.in_proj_ba = in_proj_qkvz, in_proj_ba
         self.out_proj = out_proj
         self.register_buffer("conv_weight", conv_weight)
         self.register_buffer("neg_a", -a_log.float().exp())  # the decay rate per value head, float32
@@ -47,6 +49,10 @@ class GatedDeltaNet(nn.Module):
         """What a step reads and writes beside its inputs (a captured CUDA graph holds on to these tensors: new
         ones, snapshots included, mean a new capture)."""
         return [self.conv_state, self.recurrent_state, self.snap_conv, self.snap_recurrent]
+
+    def advancing_states(self) -> list[torch.Tensor]:
+        """The states a step advances (the rest of ``state_tensors`` it overwrites)."""
+        return [self.conv_state, self.recurrent_state]
 
     def setup_state(self, batch: int) -> None:
         """Zeroed convolution and recurrent states for ``batch`` sequences (the same tensors when the shape is
@@ -88,32 +94,29 @@ class GatedDeltaNet(nn.Module):
             self.conv_state.copy_(self.snap_conv[:, tokens - 1])
             self.recurrent_state.copy_(self.snap_recurrent[:, tokens - 1])
 
-    def _mix(self, qkv, b_in, a_in, z, chunk: int, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """The convolution, the delta rule (advancing the states) and the gated norm of t tokens -> (b, t, v dims).
-        ``valid`` (b, t) False on left padding: a padded token enters the convolution as zeros and neither decays
-        nor writes the recurrent state, so a row's states after its padding are those of a fresh start."""
+    def _prefill(self, qkv, b_in, a_in, z, valid: torch.Tensor | None) -> torch.Tensor:
+        """More than DECODE_ROWS tokens at once: the convolution over them all, the delta rule in chunks."""
         s = self.shape
-        b, t, _ = qkv.shape
-        if valid is not None:
-            qkv = qkv * valid[..., None]
+        bsz, t, _ = qkv.shape
         mixed = torch.ops.anyfp4.causal_conv(qkv, self.conv_weight, self.conv_state)
-        kd = s.k_heads * s.k_dim
-        q, k, v = mixed.split([kd, kd, s.v_heads * s.v_dim], dim=-1)
-        q, k = q.reshape(b, t, s.k_heads, s.k_dim), k.reshape(b, t, s.k_heads, s.k_dim)
-        v = v.reshape(b, t, s.v_heads, s.v_dim)
-        beta = per_row(torch.sigmoid, b_in.float())
-        g = self.neg_a * per_row(F.softplus, a_in.float() + self.dt_bias)
-        if valid is not None:
-            beta, g = beta * valid[..., None], g * valid[..., None]
-        o = torch.ops.anyfp4.gated_delta(q, k, v, g, beta, self.recurrent_state, chunk)
-        o = torch.ops.anyfp4.gated_rms_norm(o, z.reshape(b, t, s.v_heads, s.v_dim), self.norm_weight, self.eps)
-        return o.reshape(b, t, s.v_heads * s.v_dim)
+        q, k, v = split_heads(mixed, s.k_heads, s.k_dim, s.v_heads, s.v_dim)
+        g, beta = gates(a_in, b_in, self.neg_a, self.dt_bias, valid)
+        o = torch.ops.anyfp4.gated_delta(q, k, v, g, beta, self.recurrent_state, PREFILL_CHUNK)
+        o = torch.ops.anyfp4.gated_rms_norm(o, z.reshape(bsz, t, s.v_heads, s.v_dim), self.norm_weight, self.eps)
+        return o.reshape(bsz, t, s.v_heads * s.v_dim)
+
+    def _step(self, qkv, b_in, a_in, z, valid: torch.Tensor | None) -> torch.Tensor:
+        """One token (t = 1): the convolution, then the gates, the delta rule and the gated norm in one op."""
+        mixed = torch.ops.anyfp4.causal_conv(qkv, self.conv_weight, self.conv_state)
+        return torch.ops.anyfp4.gated_delta_step(mixed, a_in, b_in, z, self.neg_a, self.dt_bias, self.norm_weight,
+                                                 self.recurrent_state, self.eps, self.shape.k_heads, valid)
 
     def forward(self, x: torch.Tensor, cos=None, sin=None, mask: torch.Tensor | None = None,
                 input_pos: torch.Tensor | None = None) -> torch.Tensor:
         """x (b, t, hidden), the t tokens after those the states have seen -> (b, t, hidden). Of an attention
         layer's arguments only a left-padded batch's ``mask`` (b, 1, t, S) and ``input_pos`` are read, for which
-        tokens are padding (their own slots masked); the states hold the sequence so far.
+        tokens are padding (their own slots masked): a padded token enters the convolution as zeros and neither
+        decays nor writes the recurrent state, so a row's states after its padding are those of a fresh start.
         Up to DECODE_ROWS tokens (decode and verify steps) are mixed one token at a time, each as a one-token step
         mixes it, with the states after each kept where snapshots are set up; more (prefill) in chunks."""
         if self.recurrent_state is None or self.recurrent_state.shape[0] != x.shape[0]:
@@ -122,15 +125,27 @@ class GatedDeltaNet(nn.Module):
         valid = None
         if mask is not None and mask.dim() == 4:  # left padding: a token is valid where it may attend to itself
             valid = mask[:, 0, torch.arange(t, device=x.device), input_pos].to(x.dtype)
-        parts = (self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x), self.in_proj_z(x))
+        qkv, z = _outputs(self.in_proj_qkvz, x, self.shape.conv_channels)
+        b_in, a_in = _outputs(self.in_proj_ba, x, self.shape.v_heads)
+        if valid is not None:
+            qkv = qkv * valid[..., None]
         if t > DECODE_ROWS:
-            return self.out_proj(self._mix(*parts, chunk=PREFILL_CHUNK, valid=valid))
+            return self.out_proj(self._prefill(qkv, b_in, a_in, z, valid))
         record = self.snap_recurrent is not None and t <= self.snap_recurrent.shape[1]
         outs = []
         for i in range(t):
-            outs.append(self._mix(*(p[:, i:i + 1] for p in parts), chunk=0,
-                                  valid=None if valid is None else valid[:, i:i + 1]))
+            one = slice(i, i + 1)
+            outs.append(self._step(qkv[:, one], b_in[:, one], a_in[:, one], z[:, one],
+                                   None if valid is None else valid[:, one]))
             if record:
                 self.snap_conv[:, i].copy_(self.conv_state)
                 self.snap_recurrent[:, i].copy_(self.recurrent_state)
         return self.out_proj(torch.cat(outs, 1) if t > 1 else outs[0])
+
+
+def _outputs(proj: nn.Module, x: torch.Tensor, first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two projections of a pair (one fused linear, or a ModuleList of two), the first ``first`` wide."""
+    if isinstance(proj, nn.ModuleList):
+        return proj[0](x), proj[1](x)
+    y = proj(x)
+    return y[..., :first], y[..., first:]

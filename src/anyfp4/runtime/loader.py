@@ -71,11 +71,17 @@ def _norm(src: WeightSource, args: ModelArgs, name: str, size: int, device, dtyp
 def _gated_deltanet(src: WeightSource, args: ModelArgs, p: str, device, dtype) -> GatedDeltaNet:
     g, h = args.gdn, args.hidden_size
     vd = g.v_heads * g.v_dim
-    lin = {name: make_linear(*src.linear(f"{p}linear_attn.{name}", n, k), device, dtype) for name, n, k in (
-        ("in_proj_qkv", g.conv_channels, h), ("in_proj_z", vd, h), ("in_proj_b", g.v_heads, h),
-        ("in_proj_a", g.v_heads, h), ("out_proj", h, vd))}
+    def pair(first: tuple[str, int], second: tuple[str, int]) -> nn.Module:
+        """Two projections of the input as one fused linear where their formats allow, else a ModuleList."""
+        loaded = [src.linear(f"{p}linear_attn.{name}", n, h) for name, n in (first, second)]
+        fused = fused_linear([w for w, _ in loaded], [b for _, b in loaded], device, dtype)
+        return fused if fused is not None else nn.ModuleList([make_linear(w, b, device, dtype) for w, b in loaded])
+
+    qkvz = pair(("in_proj_qkv", g.conv_channels), ("in_proj_z", vd))
+    ba = pair(("in_proj_b", g.v_heads), ("in_proj_a", g.v_heads))
+    out = make_linear(*src.linear(f"{p}linear_attn.out_proj", h, vd), device, dtype)
     conv = src.tensor(f"{p}linear_attn.conv1d.weight", (g.conv_channels, 1, g.conv_kernel), device, dtype)[:, 0]
-    return GatedDeltaNet(g, **lin, conv_weight=conv.contiguous(),
+    return GatedDeltaNet(g, qkvz, ba, out, conv_weight=conv.contiguous(),
                          a_log=src.tensor(f"{p}linear_attn.A_log", (g.v_heads,), device, torch.float32),
                          dt_bias=src.tensor(f"{p}linear_attn.dt_bias", (g.v_heads,), device, torch.float32),
                          norm_weight=src.tensor(f"{p}linear_attn.norm.weight", (g.v_dim,), device, dtype),

@@ -198,6 +198,11 @@ class Transformer(nn.Module):
         """The Gated DeltaNet layers (their recurrent states cannot overwrite a position as a KV cache does)."""
         return [blk.attn for blk in self.blocks if isinstance(blk.attn, GatedDeltaNet)]
 
+    def advancing_states(self) -> list[torch.Tensor]:
+        """The tensors a step advances rather than writes at its own positions (Gated DeltaNet states): running a
+        step twice changes them twice."""
+        return [t for mixer in self.mixers_with_state() for t in mixer.advancing_states()]
+
     def setup_snapshots(self, tokens: int) -> None:
         """After ``setup_caches``: keep the recurrent states after each token of steps of up to ``tokens`` tokens."""
         for mixer in self.mixers_with_state():

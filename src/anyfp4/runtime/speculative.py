@@ -132,8 +132,8 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
     generator = None
     if not greedy and params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
-    # the MTP head reads the model's final-norm outputs: those steps run the model itself, not a decode graph
-    verify = decode_step(model) if heads is None else partial(model, hidden=True)
+    # the MTP head reads the model's final-norm outputs too
+    verify = partial(decode_step(model), hidden=heads is not None)
     logits = model(torch.tensor([list(prompt)], device=device), torch.arange(len(prompt), device=device),
                    hidden=heads is not None)
     if heads is not None:

@@ -153,6 +153,39 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor)
     return per_row(F.silu, y).transpose(1, 2).to(x.dtype)
 
 
+def gates(a: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor,
+          valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log decay g = -exp(A_log) * softplus(a + dt_bias) (``neg_a`` = -exp(A_log)) and the write strength
+    beta = sigmoid(b), float32, from the a / b projections (b, t, hv); ``valid`` (b, t) 0 on left padding, where a
+    token neither decays nor writes the state."""
+    beta = per_row(torch.sigmoid, b.float())
+    g = neg_a * per_row(F.softplus, a.float() + dt_bias)
+    if valid is not None:
+        beta, g = beta * valid[..., None], g * valid[..., None]
+    return g, beta
+
+
+def split_heads(mixed: torch.Tensor, k_heads: int, k_dim: int, v_heads: int, v_dim: int):
+    """The convolved q | k | v (b, t, 2 hk dk + hv dv) -> q, k (b, t, hk, dk), v (b, t, hv, dv)."""
+    b, t, _ = mixed.shape
+    q, k, v = mixed.split([k_heads * k_dim, k_heads * k_dim, v_heads * v_dim], dim=-1)
+    return q.reshape(b, t, k_heads, k_dim), k.reshape(b, t, k_heads, k_dim), v.reshape(b, t, v_heads, v_dim)
+
+
+def gated_delta_step(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.Tensor, neg_a: torch.Tensor,
+                     dt_bias: torch.Tensor, norm_weight: torch.Tensor, state: torch.Tensor, eps: float, k_heads: int,
+                     valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Tokens after the convolution, one by one: mixed (b, t, 2 hk dk + hv dv), a / b (b, t, hv), z (b, t, hv dv)
+    -> the gated RMSNorm of the delta rule's outputs (b, t, hv dv) in mixed's dtype; ``state`` (b, hv, dk, dv)
+    float32 advanced over the t tokens."""
+    bsz, t, _ = mixed.shape
+    hv, dk, dv = state.shape[1:]
+    q, k, v = split_heads(mixed, k_heads, dk, hv, dv)
+    g, beta = gates(a, b, neg_a, dt_bias, valid)
+    o = gated_delta_recurrent(q, k, v, g, beta, state)
+    return gated_rms_norm(o, z.reshape(bsz, t, hv, dv), norm_weight, eps).reshape(bsz, t, hv * dv)
+
+
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each head (last dimension) times ``weight``, rounded to x's dtype, then times silu(gate) in float32,
     rounded once more."""
