@@ -294,7 +294,8 @@ def main():
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--formats", nargs="+", default=["nvfp4", "fp8"], choices=list(FORMATS))
     ap.add_argument("--shapes", nargs="+", metavar="NxK", help="plain shapes to sweep (default: PERF.md's)")
-    ap.add_argument("--gated", nargs="+", metavar="NxK", default=["14336x4096"], help="gated shapes (gate = up = N x K)")
+    ap.add_argument("--gated", nargs="*", metavar="NxK", default=["14336x4096"],
+                    help="gated shapes (gate = up = N x K); none named: no gated layer")
     ap.add_argument("--ms", nargs="+", type=int, help="M values (default 1 2 4 8 16 32)")
     ap.add_argument("--slice-candidates", type=int, default=2, help="the fastest K-slice counts of M = 1 that every "
                                                                      "other M is swept at; the one best over all M "
@@ -318,7 +319,7 @@ def main():
     Path(args.out).write_text(json.dumps(report, indent=1))
     if not args.skip_sweep:
         for fmt in args.formats:
-            sweep(device, report, args.quick, fmt, parse(args.shapes), parse(args.gated), args.ms,
+            sweep(device, report, args.quick, fmt, parse(args.shapes), parse(args.gated) or (), args.ms,
                   args.slice_candidates)
     report["seconds"] = time.time() - t0
     Path(args.out).write_text(json.dumps(report, indent=1))
