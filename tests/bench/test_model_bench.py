@@ -33,3 +33,29 @@ def test_bench_reports_speculation(capsys):
     sp = r["speculative"]
     assert sp["draft_tokens"] == 3 and sp["verify_steps"] >= 1 and sp["decode_tok_s"] > 0
     assert sp["same_text"] and len(sp["sha256"]) == 64
+
+
+def test_a_hybrids_bench_decodes_what_generate_decodes(tmp_path):
+    """The warm-up steps before the timed run advance a hybrid's recurrent states: the timed run starts from zero
+    states again, and its tokens are generate's for the same prompt."""
+    import hashlib
+
+    import torch
+
+    from anyfp4.bench.model import bench_model
+    from anyfp4.runtime.generate import SamplingParams, generate
+    from anyfp4.runtime.loader import load_model
+    from helpers import rewrite_tensors, save_random_qwen3_5, tiny_qwen3_5_config
+
+    src = save_random_qwen3_5(tmp_path / "src", tiny_qwen3_5_config(64, vocab_size=128, max_position_embeddings=256))
+
+    def no_decay(tensors):  # states that never fade: whatever the warm-ups left would stay in the text
+        for name in [n for n in tensors if n.endswith("A_log")]:
+            tensors[name] = torch.full_like(tensors[name], -30.0)
+
+    rewrite_tensors(src, no_decay)
+    model, _ = load_model(src, "cpu", torch.float32, progress=False)
+    r = bench_model(model, prompt_len=12, gen_len=10, batch=1)
+    prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+    want = generate(model, prompt.tolist(), SamplingParams(max_new_tokens=10))
+    assert r["sha256"] == hashlib.sha256(repr(want).encode()).hexdigest()

@@ -54,6 +54,9 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
     for i in range(3):  # compiles / captures the decode step when asked to; inputs built like the real ones
         tok = torch.empty(batch, dtype=torch.long, device=device).copy_(prompt[:, i])  # same strides as argmax
         step_fn(tok[:, None], torch.tensor([8 + i], device=device))
+    # the warm-ups advanced any recurrent (Gated DeltaNet) states: start again from zero (the same tensors, so
+    # captured graphs stay valid); KV caches are rewritten by the prefill anyway
+    model.setup_caches(batch, cache_slots(prompt_len, gen_len, model.args.max_position_embeddings))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     sync(device)

@@ -52,7 +52,8 @@ def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor) -> Tensor:
     if _stepwise(x):
         from ..kernels.gdn.step import conv_step
 
-        return torch.cat([conv_step(x[:, i:i + 1], weight, conv_state) for i in range(x.shape[1])], 1)
+        outs = [conv_step(x[:, i:i + 1], weight, conv_state) for i in range(x.shape[1])]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
     return run(x, weight, conv_state).contiguous()
 
 
@@ -86,9 +87,9 @@ def gated_delta_step(mixed: Tensor, a: Tensor, b: Tensor, z: Tensor, neg_a: Tens
     if _stepwise(mixed):
         from ..kernels.gdn.step import delta_step
 
-        return torch.cat([delta_step(mixed[:, i:i + 1], a[:, i:i + 1], b[:, i:i + 1], z[:, i:i + 1], neg_a, dt_bias,
-                                     norm_weight, state, eps, k_heads, None if valid is None else valid[:, i])
-                          for i in range(t)], 1)
+        outs = [delta_step(mixed[:, i:i + 1], a[:, i:i + 1], b[:, i:i + 1], z[:, i:i + 1], neg_a, dt_bias, norm_weight,
+                           state, eps, k_heads, None if valid is None else valid[:, i]) for i in range(t)]
+        return outs[0] if t == 1 else torch.cat(outs, 1)
     return run(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid).contiguous()
 
 
