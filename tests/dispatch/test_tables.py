@@ -83,8 +83,9 @@ def test_decode_lookups_are_unchanged(key, want):
 
 def test_tables_hold_every_entry_they_held():
     mma, decode = launch_tables.builtin_mma_table(), launch_tables.builtin_decode_table()
-    assert len(mma) == 132 and len(decode) == 54
-    assert sum(1 for key in mma if key[2]) == 14  # gated entries
+    assert len(mma) == 144 and len(decode) == 54
+    assert sum(1 for key in mma if key[2]) == 16  # gated entries
+    assert mma[(90, "fp8", False, 5120, 12288, 1)] == MMAConfig(mt=1, warps=8, split_k=1, depth=2, kw=4)  # Qwen3.5
     assert {key[1] for key in mma} == {"nvfp4", "fp8"} and {key[0] for key in mma} == {90} == {k[0] for k in decode}
     assert mma[(90, "fp8", False, 8192, 28672, 4)] == MMAConfig(mt=1, warps=4, split_k=8, depth=8)
     assert mma[(90, "nvfp4", False, 2048, 4096, 8)] == MMAConfig(mt=1, warps=8, split_k=4, depth=2)
