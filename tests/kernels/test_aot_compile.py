@@ -19,7 +19,8 @@ from anyfp4.kernels.triton.nvfp4_decode import act_block_pack_kernel, nvfp4_deco
 from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequant_kernel
 from anyfp4.kernels.triton.nvfp4_epilogue import splitk_reduce_kernel
 from anyfp4.kernels.triton.nvfp4_gemv import nvfp4_gemv_kernel
-from anyfp4.kernels.gdn.step import conv_step_kernel, delta_step_kernel
+from anyfp4.kernels.gdn.step import conv_step_kernel, delta_step_kernel, gated_norm_kernel
+from anyfp4.kernels.triton.dense_gemv import dense_gemv_kernel
 from anyfp4.kernels.glue.rms_norm import add_rms_norm_kernel, rms_norm_kernel
 from anyfp4.kernels.glue.rope_cache import rope_cache_kernel
 from anyfp4.kernels.glue.small_attention import small_attention_kernel, small_attention_merge_kernel
@@ -144,6 +145,11 @@ def support_kernels_compile(cc):
                                           "skc_h", "skc_s", "svc_b", "svc_h", "svc_s")}}
         compile_for(rope_cache_kernel, rope_sig, {"BLOCK": 64, "INTERPRET": False}, cc, num_warps=1)
         gdn_kernels_compile(act, cc)
+        for bias in (False, True):
+            compile_for(dense_gemv_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "bias_ptr": f"*{act}",
+                                            "out_ptr": f"*{act}", **{n: "i32" for n in ("N", "K", "stride_xm",
+                                                                                       "stride_wn", "stride_om")}},
+                        {"BLOCK_N": 2, "BLOCK_K": 1024, "HAS_BIAS": bias, "INTERPRET": False}, cc)
 
 
 def gdn_kernels_compile(act, cc):
@@ -152,16 +158,19 @@ def gdn_kernels_compile(act, cc):
                                    **{n: "i32" for n in ("channels", "stride_xb", "stride_sb", "stride_sc",
                                                          "stride_yb")}},
                 {"WIDTH": 4, "BLOCK": 1024, "INTERPRET": False}, cc)
-    for norm_w, has_valid in ((act, False), ("fp32", True)):
-        sig = {**{n: f"*{act}" for n in ("mixed_ptr", "a_ptr", "b_ptr", "z_ptr")}, "neg_a_ptr": "*fp32",
-               "dt_bias_ptr": "*fp32", "norm_w_ptr": f"*{norm_w}", "state_ptr": "*fp32", "out_ptr": f"*{act}",
-               "valid_ptr": "*fp32", **{n: "i32" for n in ("v_heads", "stride_mb", "stride_ab", "stride_bb",
-                                                          "stride_zb", "stride_ob")}, "q_scale": "fp32", "eps": "fp32"}
-        compile_for(delta_step_kernel, sig, {"K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BV": 64,
-                                             "HAS_VALID": has_valid, "INTERPRET": False}, cc, num_warps=8)
+    for has_valid in (False, True):
+        sig = {**{n: f"*{act}" for n in ("mixed_ptr", "a_ptr", "b_ptr")}, "neg_a_ptr": "*fp32", "dt_bias_ptr": "*fp32",
+               "state_ptr": "*fp32", "out_ptr": f"*{act}", "valid_ptr": "*fp32",
+               **{n: "i32" for n in ("v_heads", "stride_mb", "stride_ab", "stride_bb", "stride_ob")}, "q_scale": "fp32"}
+        compile_for(delta_step_kernel, sig, {"K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BV": 32,
+                                             "HAS_VALID": has_valid, "INTERPRET": False}, cc)
+    for norm_w in (act, "fp32"):
+        compile_for(gated_norm_kernel, {"x_ptr": f"*{act}", "z_ptr": f"*{act}", "w_ptr": f"*{norm_w}",
+                                        "out_ptr": f"*{act}", **{n: "i32" for n in ("heads", "stride_xr", "stride_zr",
+                                                                                   "stride_or")}, "eps": "fp32"},
+                    {"D": 128, "BD": 128, "INTERPRET": False}, cc, num_warps=1)
 
 
-@pytest.mark.parametrize("cc", ARCHS)
 def test_all_kernels_compile(cc):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, __file__, str(cc)], env=env, capture_output=True, text=True)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
-from ..dispatch.limits import DECODE_ROWS
+from ..dispatch.limits import DECODE_ROWS, SMALL_DENSE_OUTPUTS
 from ..formats.fp8 import FP8Weight
 from ..formats.nvfp4 import NVFP4Weight
 from ..kernels.cuda.counters import reserve_counters_for
@@ -99,7 +99,7 @@ class FP8Linear(nn.Module):
 
 class DenseLinear(nn.Module):
     """cuBLAS; on a GPU a call of at most ``DECODE_ROWS`` rows runs on exactly ``DECODE_ROWS`` rows (zero
-    padded). cuBLAS picks its kernel, and so each row's summation order, by shape: one shape for every
+    padded), or for a layer of at most ``SMALL_DENSE_OUTPUTS`` outputs through one Triton GEMV launch. cuBLAS picks its kernel, and so each row's summation order, by shape: one shape for every
     small step makes a row's output independent of how many rows share the step (a one-token decode
     step and a speculative verify pass give the same bits). At <= 32 rows the GEMM reads the weight
     once either way, so the padding costs ~1-3% of the layer (H200, benchmarks/NOTES.md)."""
@@ -111,6 +111,10 @@ class DenseLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if x.is_cuda and 0 < rows <= DECODE_ROWS and self.weight.shape[0] <= SMALL_DENSE_OUTPUTS:
+            from ..kernels.triton.dense_gemv import dense_gemv
+
+            return dense_gemv(x, self.weight, self.bias)
         if x.is_cuda and 0 < rows <= DECODE_ROWS:
             padded = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, DECODE_ROWS - rows))
             return F.linear(padded, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)

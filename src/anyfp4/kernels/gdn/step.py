@@ -1,8 +1,9 @@
-"""One token of a Gated DeltaNet layer on the GPU, in two Triton launches instead of torch's chain of ~100 small
+"""One token of a Gated DeltaNet layer on the GPU, in three Triton launches instead of torch's chain of ~100 small
 kernels: ``conv_step`` (the depthwise causal convolution and silu over the rolling state, programs over channel
-blocks) and ``delta_step`` (per value head: q / k L2-normalized, the gates from the a / b projections, the delta
-rule on the float32 state, the gated RMSNorm with z). The two are separate launches because several value heads
-read one key head's convolved channels, which the first launch owns and rewrites.
+blocks) and ``delta_step`` (per value head and block of its value dims: q / k L2-normalized, the gates from the
+a / b projections, the delta rule on the float32 state; then per head the gated RMSNorm with z). The convolution is
+its own launch because several value heads read one key head's convolved channels, which it owns and rewrites; the
+norm is its own because it reads all of a head's value dims, which several programs produce.
 
 Each program computes one batch row's channels or head alone, so a row's bits do not depend on the batch; a
 verify pass runs its tokens one by one through the same two launches, giving the bits of single decode steps.
@@ -20,7 +21,7 @@ from ..triton.common import round_to_output
 from .reference import L2_EPS
 
 _L2_EPS = tl.constexpr(L2_EPS)
-STATE_BLOCK_V = 64  # value dims per block of a head's state tile (DK x 64 float32 fits the registers)
+STATE_BLOCK_V = 32  # value dims per program of a head's state: (DK, 32) float32 tiles, four programs a head at 128
 
 
 @triton.jit
@@ -48,20 +49,21 @@ def conv_step_kernel(x_ptr, w_ptr, state_ptr, y_ptr, channels, stride_xb, stride
 
 
 @triton.jit
-def delta_step_kernel(mixed_ptr, a_ptr, b_ptr, z_ptr, neg_a_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, out_ptr,
-                      valid_ptr, v_heads, stride_mb, stride_ab, stride_bb, stride_zb, stride_ob, q_scale, eps,
-                      K_HEADS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
-                      BV: tl.constexpr, HAS_VALID: tl.constexpr, INTERPRET: tl.constexpr):
-    """One program per (row, value head), the head's value dims in blocks of BV: the state tile of a block is
-    (DK, BV) in registers; the outputs go to ``out`` rounded, then (after a barrier) come back normalized."""
-    pid = tl.program_id(0)
+def delta_step_kernel(mixed_ptr, a_ptr, b_ptr, neg_a_ptr, dt_bias_ptr, state_ptr, out_ptr, valid_ptr, v_heads,
+                      stride_mb, stride_ab, stride_bb, stride_ob, q_scale, K_HEADS: tl.constexpr, DK: tl.constexpr,
+                      DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_VALID: tl.constexpr,
+                      INTERPRET: tl.constexpr):
+    """One program per (row, value head, block of BV value dims): the (DK, BV) state tile decayed and written, the
+    head's outputs of those dims rounded into ``out`` (the gated norm follows in ``gated_norm_kernel``)."""
+    pid, blk = tl.program_id(0), tl.program_id(1)
     row, head = pid // v_heads, pid % v_heads
     kh = head // (v_heads // K_HEADS)
-    kk = tl.arange(0, BK)
-    k_in = kk < DK
+    kk, vv = tl.arange(0, BK), blk * BV + tl.arange(0, BV)
+    k_in, v_in = kk < DK, vv < DV
     base = mixed_ptr + row * stride_mb
     q = tl.load(base + kh * DK + kk, mask=k_in, other=0.0).to(tl.float32)
     k = tl.load(base + K_HEADS * DK + kh * DK + kk, mask=k_in, other=0.0).to(tl.float32)
+    v = tl.load(base + 2 * K_HEADS * DK + head * DV + vv, mask=v_in, other=0.0).to(tl.float32)
     q = q / tl.sqrt(tl.sum(q * q, axis=0) + _L2_EPS) * q_scale
     k = k / tl.sqrt(tl.sum(k * k, axis=0) + _L2_EPS)
     beta = 1.0 / (1.0 + tl.exp(-tl.load(b_ptr + row * stride_bb + head).to(tl.float32)))
@@ -71,35 +73,34 @@ def delta_step_kernel(mixed_ptr, a_ptr, b_ptr, z_ptr, neg_a_ptr, dt_bias_ptr, no
     if HAS_VALID:  # left padding neither decays nor writes the state
         keep = tl.load(valid_ptr + row)
         beta, g = beta * keep, g * keep
-    decay = tl.exp(g)
+    tile = k_in[:, None] & v_in[None, :]
+    s_ptrs = state_ptr + pid * DK * DV + kk[:, None] * DV + vv[None, :]
+    s = tl.load(s_ptrs, mask=tile, other=0.0) * tl.exp(g)
+    delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+    s = s + k[:, None] * delta[None, :]
+    tl.store(s_ptrs, s, mask=tile)
+    o = tl.sum(s * q[:, None], axis=0)
+    tl.store(out_ptr + row * stride_ob + head * DV + vv, round_to_output(o, out_ptr.dtype.element_ty, INTERPRET),
+             mask=v_in)
+
+
+@triton.jit
+def gated_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, heads, stride_xr, stride_zr, stride_or, eps,
+                      D: tl.constexpr, BD: tl.constexpr, INTERPRET: tl.constexpr):
+    """One program per (row, head): RMSNorm of the head's D values times the weight, times silu(z), rounded as
+    ``reference.gated_rms_norm`` rounds it (``out`` may be ``x``)."""
+    pid = tl.program_id(0)
+    row, head = pid // heads, pid % heads
+    d = tl.arange(0, BD)
+    inside = d < D
+    x = tl.load(x_ptr + row * stride_xr + head * D + d, mask=inside, other=0.0).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
-    out = out_ptr + row * stride_ob + head * DV
-    sum_sq = 0.0
-    for j in tl.static_range(0, DV, BV):
-        vv = j + tl.arange(0, BV)
-        v_in = vv < DV
-        v = tl.load(base + 2 * K_HEADS * DK + head * DV + vv, mask=v_in, other=0.0).to(tl.float32)
-        tile = k_in[:, None] & v_in[None, :]
-        s_ptrs = state_ptr + pid * DK * DV + kk[:, None] * DV + vv[None, :]
-        s = tl.load(s_ptrs, mask=tile, other=0.0) * decay
-        delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
-        s = s + k[:, None] * delta[None, :]
-        tl.store(s_ptrs, s, mask=tile)
-        o = round_to_output(tl.sum(s * q[:, None], axis=0), dtype, INTERPRET)
-        tl.store(out + vv, o, mask=v_in)
-        of = o.to(tl.float32)
-        sum_sq += tl.sum(tl.where(v_in, of * of, 0.0), axis=0)
-    tl.debug_barrier()  # this program's rounded outputs, read back by other threads
-    inv = 1.0 / tl.sqrt(sum_sq / DV + eps)
-    for j in tl.static_range(0, DV, BV):  # the gated RMSNorm, rounded as reference.gated_rms_norm rounds it
-        vv = j + tl.arange(0, BV)
-        v_in = vv < DV
-        o = tl.load(out + vv, mask=v_in, other=0.0).to(tl.float32)
-        normed = round_to_output(o * inv, dtype, INTERPRET).to(tl.float32)
-        w = tl.load(norm_w_ptr + vv, mask=v_in, other=0.0).to(tl.float32)
-        weighted = round_to_output(w * normed, norm_w_ptr.dtype.element_ty, INTERPRET).to(tl.float32)
-        gate = tl.load(z_ptr + row * stride_zb + head * DV + vv, mask=v_in, other=0.0).to(tl.float32)
-        tl.store(out + vv, round_to_output(weighted * _silu(gate), dtype, INTERPRET), mask=v_in)
+    normed = round_to_output(x / tl.sqrt(tl.sum(x * x, axis=0) / D + eps), dtype, INTERPRET).to(tl.float32)
+    w = tl.load(w_ptr + d, mask=inside, other=0.0).to(tl.float32)
+    weighted = round_to_output(w * normed, w_ptr.dtype.element_ty, INTERPRET).to(tl.float32)
+    gate = tl.load(z_ptr + row * stride_zr + head * D + d, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_or + head * D + d, round_to_output(weighted * _silu(gate), dtype, INTERPRET),
+             mask=inside)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -135,7 +136,8 @@ def delta_step(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.T
                valid: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """One token of ``reference.gated_delta_step``: mixed (b, 1, 2 hk dk + hv dv) the convolved q | k | v,
     a / b (b, 1, hv), z (b, 1, hv dv), state (b, hv, dk, dv) float32 contiguous, advanced in place, ``valid``
-    (b,) or None -> (b, 1, hv dv) in mixed's dtype (into ``out`` if given)."""
+    (b,) or None -> (b, 1, hv dv) in mixed's dtype (into ``out`` if given). Two launches: the delta rule over
+    blocks of value dims, then the gated norm per head."""
     rows, v_heads, dk, dv = state.shape
     if not state.is_contiguous():
         raise ValueError("the recurrent state must be contiguous")
@@ -144,8 +146,11 @@ def delta_step(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.T
         rows, v_heads * dv)
     keep, has_valid = _valid(valid, m2)
     bk, bv = triton.next_power_of_2(dk), min(STATE_BLOCK_V, triton.next_power_of_2(dv))
-    delta_step_kernel[(rows * v_heads,)](
-        m2, a2, b2, z2, neg_a, dt_bias, norm_weight, state, out, keep, v_heads, m2.stride(0), a2.stride(0),
-        b2.stride(0), z2.stride(0), out.stride(0), dk ** -0.5, float(eps), K_HEADS=k_heads, DK=dk, DV=dv, BK=bk, BV=bv,
-        HAS_VALID=has_valid, INTERPRET=triton_interpret(), num_warps=max(1, min(8, bk * bv // 1024)))
+    delta_step_kernel[(rows * v_heads, triton.cdiv(dv, bv))](
+        m2, a2, b2, neg_a, dt_bias, state, out, keep, v_heads, m2.stride(0), a2.stride(0), b2.stride(0),
+        out.stride(0), dk ** -0.5, K_HEADS=k_heads, DK=dk, DV=dv, BK=bk, BV=bv, HAS_VALID=has_valid,
+        INTERPRET=triton_interpret(), num_warps=max(1, min(8, bk * bv // 1024)))
+    gated_norm_kernel[(rows * v_heads,)](
+        out, z2, norm_weight, out, v_heads, out.stride(0), z2.stride(0), out.stride(0), float(eps), D=dv,
+        BD=triton.next_power_of_2(dv), INTERPRET=triton_interpret(), num_warps=1)
     return out.view(rows, 1, v_heads * dv)

@@ -1,0 +1,54 @@
+"""A float weight's GEMV for decode-sized calls of a layer with few outputs (the Gated DeltaNet's bf16 a / b
+projections: 2 x 48 outputs from 5120 inputs), where cuBLAS needs a zero-padded input, a split-K GEMM and its
+reduction (four launches): ``out[m, n] = x[m] . W[n] (+ bias[n])``, one launch.
+
+Each program owns BLOCK_N output rows of one input row and walks the whole K in BLOCK_K chunks, float32
+accumulation in one fixed order: a row's bits do not depend on how many rows share the call (a decode step and a
+speculative verify pass agree). The pure-torch definition is ``F.linear`` in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...env import triton_interpret
+from .common import round_to_output
+
+
+@triton.jit
+def dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_om,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr):
+    nb, m = tl.program_id(0), tl.program_id(1)
+    rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + cols
+        x = tl.load(x_ptr + m * stride_xm + kk, mask=kk < K, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :], mask=(rows[:, None] < N) & (kk[None, :] < K),
+                    other=0.0).to(tl.float32)
+        acc += w * x[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + rows, round_to_output(y, out_ptr.dtype.element_ty, INTERPRET), mask=rows < N)
+
+
+def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K), weight (N, K) contiguous, bias (N,) or None -> (..., N) in x's dtype (into ``out`` if given)."""
+    n, k = weight.shape
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device) if out is None else out.view(rows, n)
+    block_n = 2
+    dense_gemv_kernel[(triton.cdiv(n, block_n), rows)](
+        x2, weight, bias if bias is not None else weight, y, n, k, x2.stride(0), weight.stride(0), y.stride(0),
+        BLOCK_N=block_n, BLOCK_K=1024, HAS_BIAS=bias is not None, INTERPRET=triton_interpret(), num_warps=4)
+    return y.view(*x.shape[:-1], n)

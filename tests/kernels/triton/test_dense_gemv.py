@@ -1,0 +1,32 @@
+"""The small dense GEMV (kernels/triton/dense_gemv.py) against F.linear in float64, on fresh random inputs, outputs
+poisoned first; rows alone give the bits they give in a batch. Triton's CPU interpreter without a GPU."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from anyfp4.kernels.triton.dense_gemv import dense_gemv
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m, n, k, bias", [(1, 64, 5120, False), (3, 30, 1000, True), (32, 7, 2048, False)])
+def test_matches_f_linear(device, dtype, m, n, k, bias):
+    gen = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=gen).to(device, dtype)
+    w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device, dtype)
+    b = torch.randn(n, generator=gen).to(device, dtype) if bias else None
+    out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+    got = dense_gemv(x, w, b, out=out)
+    want = F.linear(x.double(), w.double(), None if b is None else b.double())
+    assert got.data_ptr() == out.data_ptr() and torch.isfinite(got).all()
+    assert ((got.double() - want).norm() / want.norm()).item() < (8e-3 if dtype == torch.bfloat16 else 2e-3)
+
+
+def test_rows_alone_equal_rows_in_a_batch(device):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 5, 640, generator=gen).to(device, torch.bfloat16)
+    w = torch.randn(48, 640, generator=gen).to(device, torch.bfloat16)
+    together = dense_gemv(x, w)
+    assert together.shape == (1, 5, 48)
+    for r in range(5):
+        assert torch.equal(dense_gemv(x[:, r:r + 1], w), together[:, r:r + 1]), r
