@@ -171,6 +171,7 @@ def gdn_kernels_compile(act, cc):
                     {"D": 128, "BD": 128, "INTERPRET": False}, cc, num_warps=1)
 
 
+@pytest.mark.parametrize("cc", ARCHS)
 def test_all_kernels_compile(cc):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, __file__, str(cc)], env=env, capture_output=True, text=True)
