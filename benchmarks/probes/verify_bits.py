@@ -87,6 +87,7 @@ def main():
         print(r)
     result = {"arch": a.arch, "format": a.format, "rows": t, "compared": len(rows), "first_differing": first,
               "differing": [r for r in rows if r["differ"]][:40]}
+    head = None
     if model.args.layer_types:
         from anyfp4.runtime.mtp import MTPDrafter
 
@@ -108,8 +109,40 @@ def main():
             times[name] = (time.perf_counter() - t0) / 5 * 1e3
         print("mtp head ms:", times)
         result["mtp_head_ms"] = times
+    result["graphs"] = graph_checks(model, prompt, new, head if model.args.layer_types else None)
+    print("graphs:", result["graphs"])
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
+
+
+def graph_checks(model, prompt, new, head) -> dict:
+    """Graph replays against eager runs (single steps and one verify pass), and greedy text of speculation
+    (n-gram and, for a hybrid, the MTP head) against plain decoding."""
+    from anyfp4.runtime.generate import SamplingParams, decode_step, generate
+    from anyfp4.runtime.speculative import generate_speculative
+
+    dev, t = prompt.device, new.shape[1]
+    step = decode_step(model)
+    out = {}
+    for name, fn in (("eager", model), ("graph", step)):
+        model.setup_caches(1, 64)
+        model.setup_snapshots(t)
+        model(prompt, torch.arange(40, device=dev))
+        singles = torch.cat([fn(new[:, i:i + 1], torch.tensor([40 + i], device=dev)).clone() for i in range(t)], 1)
+        model.setup_caches(1, 64)
+        model(prompt, torch.arange(40, device=dev))
+        verify = fn(new, torch.arange(40, 40 + t, device=dev)).clone()
+        out[name] = (singles, verify)
+    checks = {"graph_singles_eq_eager": torch.equal(out["graph"][0], out["eager"][0]),
+              "graph_verify_eq_eager": torch.equal(out["graph"][1], out["eager"][1]),
+              "graph_verify_eq_graph_singles": torch.equal(out["graph"][1], out["graph"][0])}
+    p = (prompt[0, :16].tolist()) * 3
+    params = SamplingParams(max_new_tokens=24)
+    plain = generate(model, [p], params)[0]
+    checks["ngram_same_text"] = generate_speculative(model, p, params, 3)[0] == plain
+    if head is not None:
+        checks["mtp_same_text"] = generate_speculative(model, p, params, 3, mtp=head)[0] == plain
+    return checks
 
 
 if __name__ == "__main__":

@@ -68,3 +68,15 @@ def test_a_cache_past_4096_slots_uses_wider_segments(device):
     torch.testing.assert_close(y.float(), small_attention_reference(q, k, v, mask), rtol=2e-2, atol=2e-2)
     one = small_attention(q[:, :, 1:2], k, v, mask[1:2], pos[1:2])
     assert torch.equal(one[:, 0], y[:, 1])
+
+
+@pytest.mark.parametrize("start", [125, 127])
+def test_every_row_of_a_pass_is_a_one_row_call(device, start):
+    """Each position of a 4-row pass against that position alone, every head, across a segment boundary
+    (Qwen3.5-27B's grouping: 6 query heads per KV head of 256): a row sits in the same place of its tile whatever
+    the number of rows."""
+    q, k, v, mask, pos = case(device, torch.bfloat16, 1, 2, 6, 4, 256, start, 185, seed=start)
+    many = small_attention(q, k, v, mask, pos)
+    for i in range(4):
+        one = small_attention(q[:, :, i:i + 1], k, v, mask[i:i + 1], pos[i:i + 1])
+        assert torch.equal(one[:, 0], many[:, i]), i

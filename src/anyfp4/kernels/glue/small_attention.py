@@ -1,13 +1,15 @@
 """Attention of a few new query positions (a decode step, t = 1, or a speculative verify pass,
 t = k + 1 <= 32) over the static KV cache, grouped-query, split over keys (flash-decoding).
 
-Pass 1, one program per (sequence, KV head, block of 16 query rows, segment of keys): the rows of a KV
-head are its g query heads times t positions, ordered (head, position); the program visits its segment's
-keys in chunks of 64, up to the last slot any row of the call may see, with an online softmax in
-float32, and writes the segment's running max, sum and unnormalised output. Pass 2 merges the segments
-of each row at once (a reduction of one shape per cache). A chunk a row cannot see leaves that row's
-max, sum and output bit for bit unchanged, a segment it cannot see adds exact zeros, so a row's output depends only on its own query, mask and the
-cache — not on how many rows share the call: a verify pass gives the bits one-token decode steps give.
+Pass 1, one program per (sequence, KV head, position and block of 16 of its g query heads, segment of keys):
+a tile holds the query heads of one position only, each in the row it has for t = 1 (head i of a block at row
+i), so a row's products come out of the same place of the same tensor-core tile whatever the number of positions;
+the program visits its segment's keys in chunks of 64, up to the last slot its position may see, with an online
+softmax in float32, and writes the segment's running max, sum and unnormalised output. Pass 2 merges the segments
+of each row at once (a reduction of one shape per cache). A chunk a row cannot see leaves that row's max, sum and
+output bit for bit unchanged, a segment it cannot see adds exact zeros, so a row's output depends only on its own
+query, mask and the cache — not on how many rows share the call: a verify pass gives the bits one-token decode
+steps give.
 Segments are 64 keys for caches of up to 4096 slots and grow with longer caches (at most 64 segments),
 so the cache's length matters only past 4096 slots. Segments past the last visible slot do no work.
 """
@@ -54,21 +56,23 @@ def small_attention_kernel(
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b, sm_t,
     BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    """Pass 1: one segment of keys for 16 rows -> part (16, BLOCK_D) unnormalised, stat (16, 2) max / sum."""
+    """Pass 1: one segment of keys for the 16 query heads of block rb (position rb // cdiv(G, 16)) -> part
+    (16, BLOCK_D) unnormalised, stat (16, 2) max / sum."""
     bh, rb, seg = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, kvh = bh // KVH, bh % KVH
-    rows = rb * 16 + tl.arange(0, 16)
-    live = rows < G * T
-    head = kvh * G + rows // T
-    pos = rows % T
+    head_blocks = tl.cdiv(G, 16)
+    pos = rb // head_blocks
+    gi = (rb % head_blocks) * 16 + tl.arange(0, 16)  # query heads of the KV head's group
+    live = gi < G
+    head = kvh * G + gi
     d = tl.arange(0, BLOCK_D)
     dmask = d < HD
-    q = tl.load(q_ptr + b * sq_b + head[:, None] * sq_h + pos[:, None] * sq_t + d[None, :],
+    q = tl.load(q_ptr + b * sq_b + head[:, None] * sq_h + pos * sq_t + d[None, :],
                 mask=live[:, None] & dmask[None, :], other=0.0)
     m_i = tl.full((16,), -1.0e30, tl.float32)
     l_i = tl.zeros((16,), tl.float32)
     acc = tl.zeros((16, BLOCK_D), tl.float32)
-    end = tl.load(pos_ptr + T - 1) + 1  # no row of this call sees a slot past its last position
+    end = tl.load(pos_ptr + pos) + 1  # a causal row sees no slot past its own position
     lo = seg * SEG
     hi = tl.minimum(lo + SEG, end)
     for s0 in range(lo, hi, 64):
@@ -80,7 +84,7 @@ def small_attention_kernel(
             s = tl.dot(q.to(tl.float32), kt.to(tl.float32))
         else:
             s = tl.dot(q, kt)
-        seen = tl.load(mask_ptr + b * sm_b + pos[:, None] * sm_t + keys[None, :],
+        seen = tl.load(mask_ptr + b * sm_b + pos * sm_t + keys[None, :] + 0 * gi[:, None],
                        mask=live[:, None] & kmask[None, :], other=0) != 0
         s = tl.where(seen, s * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -113,14 +117,15 @@ def small_attention_merge_kernel(
     so the reduction has one shape and adds exact zeros for them."""
     bh, row = tl.program_id(0), tl.program_id(1)
     b, kvh = bh // KVH, bh % KVH
-    rb, r = row // 16, row % 16
-    head = kvh * G + row // T
-    pos = row % T
+    gi, pos = row // T, row % T
+    head_blocks = tl.cdiv(G, 16)
+    rb, r = pos * head_blocks + gi // 16, gi % 16
+    head = kvh * G + gi
     d = tl.arange(0, BLOCK_D)
     sg = tl.arange(0, BLOCK_S)
-    end = tl.load(pos_ptr + T - 1) + 1
+    end = tl.load(pos_ptr + pos) + 1
     seen = sg < tl.cdiv(end, SEG)
-    base = ((bh * tl.cdiv(G * T, 16) + rb) * NSEG + sg) * 16 + r  # (BLOCK_S,) rows of this query row
+    base = ((bh * T * head_blocks + rb) * NSEG + sg) * 16 + r  # (BLOCK_S,) rows of this query row
     m_s = tl.load(stat_ptr + base * 2, mask=seen, other=-1.0e30)
     l_s = tl.load(stat_ptr + base * 2 + 1, mask=seen, other=0.0)
     part = tl.load(part_ptr + base[:, None] * BLOCK_D + d[None, :], mask=seen[:, None], other=0.0)
@@ -147,7 +152,7 @@ def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
         out = torch.empty(b, t, h, hd, dtype=q.dtype, device=q.device)
     seg = segment_keys(cache_len)
     nseg = triton.cdiv(cache_len, seg)
-    row_blocks = triton.cdiv(g * t, ROWS)
+    row_blocks = t * triton.cdiv(g, ROWS)  # each position's query heads in tiles of their own
     block_d = max(16, triton.next_power_of_2(hd))
     part = torch.empty(b * kvh * row_blocks * nseg * ROWS, block_d, dtype=torch.float32, device=q.device)
     stat = torch.empty(b * kvh * row_blocks * nseg * ROWS, 2, dtype=torch.float32, device=q.device)
