@@ -80,3 +80,13 @@ def test_every_row_of_a_pass_is_a_one_row_call(device, start):
     for i in range(4):
         one = small_attention(q[:, :, i:i + 1], k, v, mask[i:i + 1], pos[i:i + 1])
         assert torch.equal(one[:, 0], many[:, i]), i
+
+
+def test_a_row_reads_no_slot_past_its_position(device):
+    """The slots of a verify pass's later rows hold what those rows wrote (a draft's keys and values, even
+    non-finite ones): poisoned with NaN and Inf, they leave the first row as a one-row call gives it."""
+    q, k, v, mask, pos = case(device, torch.bfloat16, 1, 2, 6, 3, 64, 60, 150, seed=21)
+    k[:, :, 61:], v[:, :, 61:] = float("nan"), float("inf")  # the second and third rows' slots, and beyond
+    many = small_attention(q, k, v, mask, pos)
+    one = small_attention(q[:, :, :1], k, v, mask[:1], pos[:1])
+    assert torch.isfinite(one).all() and torch.equal(one[:, 0], many[:, 0])
