@@ -56,3 +56,34 @@ def test_uneven_split_is_refused_before_spawning(tmp_path):
     src = write_float_checkpoint(tmp_path / "src", dict(CONFIG, num_key_value_heads=1))
     with pytest.raises(ValueError, match="1 key/value heads"):
         generate_tp(src, [[1, 2]], SamplingParams(max_new_tokens=2), tp=2, port=free_port())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["mixed", "nvfp4", "bf16"])
+def test_a_hybrid_over_two_ranks_equals_one_process(tmp_path, fmt):
+    """A Qwen3.5 hybrid: each rank keeps half the Gated DeltaNet key and value heads (q / k / v sections of
+    in_proj_qkv and of the convolution split alike), half the attention heads; a left-padded batch decodes as in one
+    process."""
+    from helpers import save_random_qwen3_5, tiny_qwen3_5_config
+
+    src = save_random_qwen3_5(tmp_path / "src", tiny_qwen3_5_config(max_position_embeddings=256))
+    ckpt = src if fmt == "bf16" else quantize_checkpoint(
+        src, tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]]
+    params = SamplingParams(max_new_tokens=12)
+    model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    single = generate(model, prompts, params)
+    assert generate_tp(ckpt, prompts, params, tp=2, port=free_port()) == single
+
+
+def test_a_hybrid_split_its_heads_do_not_divide_is_refused():
+    from anyfp4.parallel.sharding import check_divisible
+    from anyfp4.runtime.config import ModelArgs
+
+    args = ModelArgs.from_hf({"model_type": "qwen3_5_text", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 128,
+                              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                              "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 1,
+                              "linear_num_value_heads": 3, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                              "linear_conv_kernel_dim": 4})
+    with pytest.raises(ValueError, match="1 Gated DeltaNet key heads, 3 Gated DeltaNet value heads"):
+        check_divisible(args, 2)

@@ -19,8 +19,8 @@ def build_model_tp(args: ModelArgs, src: WeightSource, device, dtype, rank: int,
     the row-parallel ones, and the lm_head replicated or split by vocabulary (``ANYFP4_TP_LM_HEAD``)."""
     vocab_parallel = tp_lm_head() == "vocab"
     with torch.no_grad():
-        model = build_model(rank_args(args, tp), ShardedSource(src, rank, tp, vocab_parallel), torch.device(device),
-                            dtype, progress)
+        model = build_model(rank_args(args, tp), ShardedSource(src, rank, tp, vocab_parallel, args.gdn),
+                            torch.device(device), dtype, progress)
     wrap_row_parallel(model, tp)
     if vocab_parallel:
         shard_lm_head(model, rank, tp)

@@ -6,6 +6,10 @@ row-parallel linears and the lm_head replicated or split by vocabulary rows.
   and KV heads and 1/tp of the MLP width;
 - row-parallel (o, down): columns (input features) split on 16-element group boundaries, so an NVFP4 rank keeps
   whole block scales; the partial outputs are summed by the all-reduce.
+- Gated DeltaNet layers (Qwen3.5 hybrids): a rank keeps 1/tp of the key heads and of the value heads (a value head
+  stays with the key head it reads). in_proj_z, in_proj_b, in_proj_a are column-parallel; in_proj_qkv and the
+  convolution's channels hold three sections (q, k, v), each split so; A_log and dt_bias follow the value heads;
+  out_proj is row-parallel. The recurrent and convolution states are then each rank's own.
 """
 
 from __future__ import annotations
@@ -19,19 +23,27 @@ from torch import nn
 from ..formats.fp8 import FP8Weight
 from ..formats.nvfp4 import GROUP_SIZE, NVFP4Weight
 from ..nn.linear import DenseLinear, FP8Linear, NVFP4Linear
-from ..runtime.config import ModelArgs
+from ..runtime.config import GDNShape, ModelArgs
+from ..runtime.gated_deltanet import GatedDeltaNet
 from ..runtime.loader import WeightSource
 from .allreduce import AllReduce, peer_all_reduce
 
-COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-ROW_PARALLEL = ("o_proj", "down_proj")
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "in_proj_z", "in_proj_b", "in_proj_a")
+ROW_PARALLEL = ("o_proj", "down_proj", "out_proj")
+SECTIONED = ("in_proj_qkv", "conv1d.weight")  # q | k | v rows (channels) of a Gated DeltaNet layer
+PER_VALUE_HEAD = ("A_log", "dt_bias")
 
 
 def check_divisible(args: ModelArgs, tp: int) -> None:
-    if args.layer_types and tp > 1:
-        raise ValueError(f"tensor parallelism of {args.architecture} (Gated DeltaNet layers) is not supported yet: "
-                         "run it on one GPU")
     problems = []
+    g = args.gdn
+    if g is not None:
+        if g.k_heads % tp:
+            problems.append(f"{g.k_heads} Gated DeltaNet key heads")
+        if g.v_heads % tp:
+            problems.append(f"{g.v_heads} Gated DeltaNet value heads")
+        elif (g.v_heads // tp * g.v_dim) % GROUP_SIZE:
+            problems.append(f"Gated DeltaNet value width {g.v_heads * g.v_dim}")
     if args.num_kv_heads % tp:
         problems.append(f"{args.num_kv_heads} key/value heads")
     if args.num_heads % tp:
@@ -45,10 +57,39 @@ def check_divisible(args: ModelArgs, tp: int) -> None:
 
 
 def rank_args(args: ModelArgs, tp: int) -> ModelArgs:
-    """The per-rank architecture: 1/tp of the heads and of the MLP width."""
+    """The per-rank architecture: 1/tp of the heads (Gated DeltaNet heads too) and of the MLP width."""
     check_divisible(args, tp)
+    gdn = None if args.gdn is None else replace(args.gdn, k_heads=args.gdn.k_heads // tp,
+                                                v_heads=args.gdn.v_heads // tp)
     return replace(args, num_heads=args.num_heads // tp, num_kv_heads=args.num_kv_heads // tp,
-                   intermediate_size=args.intermediate_size // tp)
+                   intermediate_size=args.intermediate_size // tp, gdn=gdn)
+
+
+def sections(gdn: GDNShape) -> list[int]:
+    """The q, k and v rows of a Gated DeltaNet layer's in_proj_qkv (and channels of its convolution)."""
+    return [gdn.k_heads * gdn.k_dim, gdn.k_heads * gdn.k_dim, gdn.v_heads * gdn.v_dim]
+
+
+def cat_rows(weights: list):
+    """NVFP4, FP8 or float weights of one layer (shards of its rows) stacked back along the rows."""
+    first = weights[0]
+    if isinstance(first, NVFP4Weight):
+        return NVFP4Weight(torch.cat([w.packed for w in weights]), torch.cat([w.block_scale for w in weights]),
+                           first.global_scale)
+    if isinstance(first, FP8Weight):
+        scale = first.scale if first.scale.numel() == 1 else torch.cat([w.scale.reshape(-1) for w in weights])
+        return FP8Weight(torch.cat([w.weight for w in weights]), scale, first.input_scale)
+    return torch.cat(weights)
+
+
+def rank_sections(full: list[int], rank: int, tp: int) -> list[tuple[int, int]]:
+    """(lo, hi) rows of each section that ``rank`` keeps: 1/tp of every one."""
+    out, base = [], 0
+    for size in full:
+        per = size // tp
+        out.append((base + rank * per, base + (rank + 1) * per))
+        base += size
+    return out
 
 
 def shard_rows(w, lo: int, hi: int):
@@ -81,12 +122,19 @@ def vocab_slice(vocab: int, rank: int, tp: int) -> tuple[int, int]:
 class ShardedSource(WeightSource):
     """Wraps a full-model source; asked with per-rank shapes, it loads full tensors and slices."""
 
-    def __init__(self, inner: WeightSource, rank: int, tp: int, vocab_parallel: bool = False):
-        self.inner, self.rank, self.tp, self.vocab_parallel = inner, rank, tp, vocab_parallel
+    def __init__(self, inner: WeightSource, rank: int, tp: int, vocab_parallel: bool = False,
+                 gdn: GDNShape | None = None):
+        """``gdn``: the whole model's Gated DeltaNet shape (for its sectioned tensors), if it has such layers."""
+        self.inner, self.rank, self.tp, self.vocab_parallel, self.gdn = inner, rank, tp, vocab_parallel, gdn
 
     def linear(self, name, out_features, in_features):
         leaf = name.rsplit(".", 1)[-1]
         r, tp = self.rank, self.tp
+        if leaf in SECTIONED:
+            w, b = self.inner.linear(name, out_features * tp, in_features)
+            parts = rank_sections(sections(self.gdn), r, tp)
+            bias = None if b is None else torch.cat([b[lo:hi] for lo, hi in parts])
+            return cat_rows([shard_rows(w, lo, hi) for lo, hi in parts]), bias
         if name == "lm_head" and self.vocab_parallel:
             w, b = self.inner.linear(name, out_features, in_features)
             lo, hi = vocab_slice(out_features, r, tp)
@@ -103,6 +151,13 @@ class ShardedSource(WeightSource):
         return self.inner.linear(name, out_features, in_features)
 
     def tensor(self, name, shape, device, dtype):
+        leaf = name.split("linear_attn.", 1)[-1] if "linear_attn." in name else None
+        if leaf in SECTIONED:
+            whole = self.inner.tensor(name, (shape[0] * self.tp, *shape[1:]), device, dtype)
+            return torch.cat([whole[lo:hi] for lo, hi in rank_sections(sections(self.gdn), self.rank, self.tp)])
+        if leaf in PER_VALUE_HEAD:
+            whole = self.inner.tensor(name, (shape[0] * self.tp,), device, dtype)
+            return whole[self.rank * shape[0]:(self.rank + 1) * shape[0]]
         return self.inner.tensor(name, shape, device, dtype)
 
     def has_linear(self, name):
@@ -145,7 +200,10 @@ def wrap_row_parallel(model: nn.Module, tp: int) -> None:
     match_single_gpu_splits(model, tp)
     peer = peer_all_reduce(model.device, model.args.hidden_size)
     for blk in model.blocks:
-        blk.attn.o_proj = AllReduce(blk.attn.o_proj, peer)
+        if isinstance(blk.attn, GatedDeltaNet):
+            blk.attn.out_proj = AllReduce(blk.attn.out_proj, peer)
+        else:
+            blk.attn.o_proj = AllReduce(blk.attn.o_proj, peer)
         blk.mlp.down = AllReduce(blk.mlp.down, peer)
 
 
@@ -160,9 +218,17 @@ def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
     from ..dispatch.split_k import row_parallel_split_k, single_gpu_split_k
 
     quantized = (NVFP4Linear, FP8Linear)
+
+    def layers(m):
+        return list(m) if isinstance(m, nn.ModuleList) else [m]
+
     for blk in model.blocks:
-        qkv = blk.attn.qkv if isinstance(blk.attn.qkv, nn.ModuleList) else [blk.attn.qkv]
-        column = [(m, False) for m in qkv] + [(blk.mlp.gated, True)] + [(m, False) for m in (
+        mixer = blk.attn
+        if isinstance(mixer, GatedDeltaNet):
+            inputs, output = layers(mixer.in_proj_qkvz) + layers(mixer.in_proj_ba), mixer.out_proj
+        else:
+            inputs, output = layers(mixer.qkv), mixer.o_proj
+        column = [(m, False) for m in inputs] + [(blk.mlp.gated, True)] + [(m, False) for m in (
             blk.mlp.gate_up, blk.mlp.gate, blk.mlp.up)]
         for layer, gated in column:
             if isinstance(layer, quantized):
@@ -170,7 +236,7 @@ def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
                 split = single_gpu_split_k(layer.codes.device, fmt, gated, layer.out_features * tp, layer.in_features)
                 if split:  # 0: the CUDA decode kernel does not serve this GPU
                     layer.split_k = split
-        for layer in (blk.attn.o_proj, blk.mlp.down):
+        for layer in (output, blk.mlp.down):
             if not isinstance(layer, quantized):
                 continue
             fmt = "nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"
