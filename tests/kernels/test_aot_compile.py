@@ -19,7 +19,7 @@ from anyfp4.kernels.triton.nvfp4_decode import act_block_pack_kernel, nvfp4_deco
 from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequant_kernel
 from anyfp4.kernels.triton.nvfp4_epilogue import splitk_reduce_kernel
 from anyfp4.kernels.triton.nvfp4_gemv import nvfp4_gemv_kernel
-from anyfp4.kernels.gdn.step import conv_step_kernel, delta_step_kernel, gated_norm_kernel
+from anyfp4.kernels.gdn.step import conv_kernel, delta_rule_kernel, gated_norm_kernel
 from anyfp4.kernels.triton.dense_gemv import dense_gemv_kernel
 from anyfp4.kernels.glue.rms_norm import add_rms_norm_kernel, rms_norm_kernel
 from anyfp4.kernels.glue.rope_cache import rope_cache_kernel
@@ -153,17 +153,21 @@ def support_kernels_compile(cc):
 
 
 def gdn_kernels_compile(act, cc):
-    """The Gated DeltaNet step kernels at Qwen3.5-27B's head sizes (and a norm weight in float32)."""
-    compile_for(conv_step_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "state_ptr": f"*{act}", "y_ptr": f"*{act}",
-                                   **{n: "i32" for n in ("channels", "stride_xb", "stride_sb", "stride_sc",
-                                                         "stride_yb")}},
-                {"WIDTH": 4, "BLOCK": 1024, "INTERPRET": False}, cc)
-    for has_valid in (False, True):
+    """The Gated DeltaNet kernels at Qwen3.5-27B's head sizes, with and without snapshots and left padding (and a
+    norm weight in float32)."""
+    for snap in (False, True):
+        compile_for(conv_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "state_ptr": f"*{act}", "y_ptr": f"*{act}",
+                                  "snap_ptr": f"*{act}", **{n: "i32" for n in (
+                                      "T", "channels", "stride_xb", "stride_xt", "stride_sb", "stride_sc", "stride_yb",
+                                      "stride_yt", "stride_pb", "stride_pt", "stride_pc")}},
+                    {"WIDTH": 4, "SNAP": snap, "BLOCK_T": 16, "BLOCK_C": 256, "INTERPRET": False}, cc)
         sig = {**{n: f"*{act}" for n in ("mixed_ptr", "a_ptr", "b_ptr")}, "neg_a_ptr": "*fp32", "dt_bias_ptr": "*fp32",
-               "state_ptr": "*fp32", "out_ptr": f"*{act}", "valid_ptr": "*fp32",
-               **{n: "i32" for n in ("v_heads", "stride_mb", "stride_ab", "stride_bb", "stride_ob")}, "q_scale": "fp32"}
-        compile_for(delta_step_kernel, sig, {"K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BV": 32,
-                                             "HAS_VALID": has_valid, "INTERPRET": False}, cc)
+               "state_ptr": "*fp32", "out_ptr": f"*{act}", "valid_ptr": "*fp32", "snap_ptr": "*fp32",
+               **{n: "i32" for n in ("T", "v_heads", "stride_mb", "stride_mt", "stride_ab", "stride_at", "stride_bb",
+                                     "stride_bt", "stride_ob", "stride_ot", "stride_vb", "stride_pb", "stride_pt")},
+               "q_scale": "fp32"}
+        compile_for(delta_rule_kernel, sig, {"K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BV": 32,
+                                             "HAS_VALID": snap, "SNAP": snap, "INTERPRET": False}, cc)
     for norm_w in (act, "fp32"):
         compile_for(gated_norm_kernel, {"x_ptr": f"*{act}", "z_ptr": f"*{act}", "w_ptr": f"*{norm_w}",
                                         "out_ptr": f"*{act}", **{n: "i32" for n in ("heads", "stride_xr", "stride_zr",

@@ -27,10 +27,12 @@ checks).
 - ``rms_norm(x, weight, eps)``: RMSNorm over the last dimension (``kernels.glue.rms_norm``: one Triton
   program per row on CUDA, rows independent of each other; the pure-torch definition on the CPU);
   ``add_rms_norm(x, delta, weight, eps)``: ``(x + delta, rms_norm(x + delta))`` in one launch.
-- ``gated_delta(q, k, v, g, beta, state, chunk)``: the gated delta rule of a Gated DeltaNet layer over t tokens,
-  advancing its float32 recurrent state in place (``chunk`` 0 token by token, else chunked: prefill);
-  ``causal_conv(x, weight, conv_state)``: silu of its depthwise causal convolution over a rolling state;
-  ``gated_rms_norm(x, gate, weight, eps)``: its output norm (``kernels.gdn.reference`` on every device for now).
+- ``causal_conv(x, weight, conv_state, snapshots)``: silu of a Gated DeltaNet layer's depthwise causal convolution
+  over its rolling state; ``gated_delta_step(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads,
+  valid, snapshots)``: the gates, the delta rule advancing the float32 recurrent state in place, and the gated
+  RMSNorm (Triton kernels of ``kernels.gdn.step`` on CUDA for steps, ``kernels.gdn.reference`` otherwise; both
+  can keep the state after every token); the pieces ``gated_delta(q, k, v, g, beta, state, chunk)`` and
+  ``gated_rms_norm(x, gate, weight, eps)`` (pure torch on every device).
 
 Inside the op (so torch.compile and CUDA graphs never bake a branch in) ``dispatch.policy.choose_kernel``
 picks the kernel from M = rows of ``x``, the device and the ``ANYFP4_*`` switches read then: on CUDA,

@@ -1,8 +1,11 @@
 """The Gated DeltaNet ops of Qwen3.5-style hybrids, with their fakes: ``causal_conv`` (the depthwise causal
-convolution over a rolling state), ``gated_delta_step`` (decode and verify steps: the gates, the delta rule token by
-token and the gated RMSNorm), and for prefill ``gated_delta`` (the delta rule alone, in chunks) and
-``gated_rms_norm``. On CUDA, steps of up to DECODE_ROWS tokens run the Triton kernels of ``kernels.gdn.step`` one
-token at a time; everything else runs the pure-torch definitions of ``kernels.gdn.reference``."""
+convolution over a rolling state) and ``gated_delta_step`` (the gates, the delta rule and the gated RMSNorm), each
+with optional snapshots of its state after every token; and the pieces ``gated_delta`` (the delta rule alone) and
+``gated_rms_norm``. On CUDA the first two run the Triton kernels of ``kernels.gdn.step`` for steps of up to
+DECODE_ROWS tokens (token by token through the state: a verify pass gives the bits of decode steps), and for
+prompts with ``ANYFP4_GDN_PREFILL=recurrent``; otherwise the pure-torch definitions of ``kernels.gdn.reference``:
+one token at a time up to DECODE_ROWS tokens on the CPU (each as a decode step computes it), beyond that the
+convolution at once and the delta rule in chunks of PREFILL_CHUNK."""
 
 from __future__ import annotations
 
@@ -11,10 +14,22 @@ from torch import Tensor
 
 from ..dispatch.limits import DECODE_ROWS
 
+PREFILL_CHUNK = 64  # tokens per chunk of the pure-torch delta rule beyond DECODE_ROWS tokens
 
-def _stepwise(x: Tensor) -> bool:
-    """Whether the CUDA step kernels take this call: a few tokens on a GPU."""
-    return x.is_cuda and x.shape[1] <= DECODE_ROWS
+
+def _kernels_take(x: Tensor, snapshots: Tensor | None) -> bool:
+    """Whether the CUDA kernels run this call: on a GPU, steps of up to DECODE_ROWS tokens (or with snapshots),
+    and prompts with ``ANYFP4_GDN_PREFILL=recurrent``."""
+    from ..env import gdn_prefill_mode
+
+    return x.is_cuda and (x.shape[1] <= DECODE_ROWS or snapshots is not None or gdn_prefill_mode() == "recurrent")
+
+
+def _check_snapshots(snapshots: Tensor | None, state: Tensor, t: int, what: str) -> None:
+    if snapshots is not None and (snapshots.shape[0] != state.shape[0] or snapshots.shape[1] < t
+                                  or snapshots.shape[2:] != state.shape[1:] or snapshots.dtype != state.dtype):
+        raise ValueError(f"{what}: snapshots {tuple(snapshots.shape)} {snapshots.dtype} do not hold {t} copies of "
+                         f"the state {tuple(state.shape)} {state.dtype}")
 
 
 @torch.library.custom_op("anyfp4::gated_delta", mutates_args=("state",))
@@ -39,36 +54,45 @@ def _(q, k, v, g, beta, state, chunk):
     return v.new_empty(v.shape)
 
 
-@torch.library.custom_op("anyfp4::causal_conv", mutates_args=("conv_state",))
-def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor) -> Tensor:
+@torch.library.custom_op("anyfp4::causal_conv", mutates_args=("conv_state", "snapshots"))
+def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor, snapshots: Tensor | None = None) -> Tensor:
     """silu of the depthwise causal convolution of x (b, t, channels) with weight (channels, kernel), continuing
-    from ``conv_state`` (b, channels, kernel - 1), which is left holding the last kernel - 1 inputs."""
+    from ``conv_state`` (b, channels, kernel - 1), which is left holding the last kernel - 1 inputs; ``snapshots``
+    (b, >= t, channels, kernel - 1) receives it after each token."""
     from ..kernels.gdn.reference import causal_conv as run
 
     if x.dim() != 3 or weight.shape != (x.shape[-1], weight.shape[-1]) or conv_state.shape != (
             x.shape[0], x.shape[-1], weight.shape[-1] - 1):
         raise ValueError(f"causal_conv: x {tuple(x.shape)}, weight {tuple(weight.shape)} and state "
                          f"{tuple(conv_state.shape)} disagree (want (b, t, ch), (ch, kernel), (b, ch, kernel - 1))")
-    if _stepwise(x):
-        from ..kernels.gdn.step import conv_step
+    _check_snapshots(snapshots, conv_state, x.shape[1], "causal_conv")
+    if _kernels_take(x, snapshots):
+        from ..kernels.gdn.step import conv
 
-        outs = [conv_step(x[:, i:i + 1], weight, conv_state) for i in range(x.shape[1])]
-        return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
-    return run(x, weight, conv_state).contiguous()
+        return conv(x, weight, conv_state, snapshots)
+    if x.shape[1] <= DECODE_ROWS:  # token by token: CPU elementwise kernels round by a value's place in the call
+        outs = []
+        for i in range(x.shape[1]):
+            outs.append(run(x[:, i:i + 1], weight, conv_state))
+            if snapshots is not None:
+                snapshots[:, i].copy_(conv_state)
+        return torch.cat(outs, 1)
+    return run(x, weight, conv_state, snapshots).contiguous()
 
 
 @causal_conv.register_fake
-def _(x, weight, conv_state):
+def _(x, weight, conv_state, snapshots=None):
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("anyfp4::gated_delta_step", mutates_args=("state",))
+@torch.library.custom_op("anyfp4::gated_delta_step", mutates_args=("state", "snapshots"))
 def gated_delta_step(mixed: Tensor, a: Tensor, b: Tensor, z: Tensor, neg_a: Tensor, dt_bias: Tensor,
                      norm_weight: Tensor, state: Tensor, eps: float, k_heads: int,
-                     valid: Tensor | None = None) -> Tensor:
-    """Tokens after the convolution (``reference.gated_delta_step``): mixed (b, t, 2 hk dk + hv dv), a / b
+                     valid: Tensor | None = None, snapshots: Tensor | None = None) -> Tensor:
+    """The tokens after the convolution (``reference.gated_delta_step``): mixed (b, t, 2 hk dk + hv dv), a / b
     (b, t, hv), z (b, t, hv dv), ``neg_a`` = -exp(A_log) and ``dt_bias`` (hv,) float32, ``norm_weight`` (dv,),
-    ``state`` (b, hv, dk, dv) float32 advanced in place, ``valid`` (b, t) 0 on left padding -> (b, t, hv dv)."""
+    ``state`` (b, hv, dk, dv) float32 advanced in place, ``valid`` (b, t) 0 on left padding, ``snapshots``
+    (b, >= t, hv, dk, dv) the state after each token -> (b, t, hv dv)."""
     from ..kernels.gdn.reference import gated_delta_step as run
 
     bsz, t = mixed.shape[:2]
@@ -84,17 +108,28 @@ def gated_delta_step(mixed: Tensor, a: Tensor, b: Tensor, z: Tensor, neg_a: Tens
         raise TypeError("gated_delta_step: the state, neg_a and dt_bias must be float32")
     if hv % k_heads:
         raise ValueError(f"gated_delta_step: {hv} value heads do not share {k_heads} key heads evenly")
-    if _stepwise(mixed):
-        from ..kernels.gdn.step import delta_step
+    if valid is not None and tuple(valid.shape) != (bsz, t):
+        raise ValueError(f"gated_delta_step: valid has shape {tuple(valid.shape)}, want {(bsz, t)}")
+    _check_snapshots(snapshots, state, t, "gated_delta_step")
+    if _kernels_take(mixed, snapshots):
+        from ..kernels.gdn.step import delta_rule
 
-        outs = [delta_step(mixed[:, i:i + 1], a[:, i:i + 1], b[:, i:i + 1], z[:, i:i + 1], neg_a, dt_bias, norm_weight,
-                           state, eps, k_heads, None if valid is None else valid[:, i]) for i in range(t)]
-        return outs[0] if t == 1 else torch.cat(outs, 1)
-    return run(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid).contiguous()
+        return delta_rule(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid, snapshots)
+    if t <= DECODE_ROWS:  # token by token, each as a decode step computes it (CPU elementwise kernels round by a
+        outs = []         # value's place in the call)
+        for i in range(t):
+            one = slice(i, i + 1)
+            outs.append(run(mixed[:, one], a[:, one], b[:, one], z[:, one], neg_a, dt_bias, norm_weight, state, eps,
+                            k_heads, None if valid is None else valid[:, one]))
+            if snapshots is not None:
+                snapshots[:, i].copy_(state)
+        return torch.cat(outs, 1)
+    return run(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid, snapshots,
+               PREFILL_CHUNK).contiguous()
 
 
 @gated_delta_step.register_fake
-def _(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid=None):
+def _(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid=None, snapshots=None):
     return mixed.new_empty(mixed.shape[0], mixed.shape[1], z.shape[-1])
 
 

@@ -11,12 +11,7 @@ import torch
 from torch import nn
 
 from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
-from ..dispatch.limits import DECODE_ROWS
-from ..kernels.gdn.reference import gates, split_heads
 from .config import GDNShape
-
-PREFILL_CHUNK = 64  # tokens per chunk of the gated delta rule beyond DECODE_ROWS (token by token up to it)
-
 
 class GatedDeltaNet(nn.Module):
     def __init__(self, shape: GDNShape, in_proj_qkvz: nn.Module, in_proj_ba: nn.Module, out_proj: nn.Module,
@@ -94,31 +89,13 @@ class GatedDeltaNet(nn.Module):
             self.conv_state.copy_(self.snap_conv[:, tokens - 1])
             self.recurrent_state.copy_(self.snap_recurrent[:, tokens - 1])
 
-    def _prefill(self, qkv, b_in, a_in, z, valid: torch.Tensor | None) -> torch.Tensor:
-        """More than DECODE_ROWS tokens at once: the convolution over them all, the delta rule in chunks."""
-        s = self.shape
-        bsz, t, _ = qkv.shape
-        mixed = torch.ops.anyfp4.causal_conv(qkv, self.conv_weight, self.conv_state)
-        q, k, v = split_heads(mixed, s.k_heads, s.k_dim, s.v_heads, s.v_dim)
-        g, beta = gates(a_in, b_in, self.neg_a, self.dt_bias, valid)
-        o = torch.ops.anyfp4.gated_delta(q, k, v, g, beta, self.recurrent_state, PREFILL_CHUNK)
-        o = torch.ops.anyfp4.gated_rms_norm(o, z.reshape(bsz, t, s.v_heads, s.v_dim), self.norm_weight, self.eps)
-        return o.reshape(bsz, t, s.v_heads * s.v_dim)
-
-    def _step(self, qkv, b_in, a_in, z, valid: torch.Tensor | None) -> torch.Tensor:
-        """One token (t = 1): the convolution, then the gates, the delta rule and the gated norm in one op."""
-        mixed = torch.ops.anyfp4.causal_conv(qkv, self.conv_weight, self.conv_state)
-        return torch.ops.anyfp4.gated_delta_step(mixed, a_in, b_in, z, self.neg_a, self.dt_bias, self.norm_weight,
-                                                 self.recurrent_state, self.eps, self.shape.k_heads, valid)
-
     def forward(self, x: torch.Tensor, cos=None, sin=None, mask: torch.Tensor | None = None,
                 input_pos: torch.Tensor | None = None) -> torch.Tensor:
         """x (b, t, hidden), the t tokens after those the states have seen -> (b, t, hidden). Of an attention
         layer's arguments only a left-padded batch's ``mask`` (b, 1, t, S) and ``input_pos`` are read, for which
         tokens are padding (their own slots masked): a padded token enters the convolution as zeros and neither
         decays nor writes the recurrent state, so a row's states after its padding are those of a fresh start.
-        Up to DECODE_ROWS tokens (decode and verify steps) are mixed one token at a time, each as a one-token step
-        mixes it, with the states after each kept where snapshots are set up; more (prefill) in chunks."""
+        Where snapshots are set up for steps of at least t tokens, the states after each token are kept."""
         if self.recurrent_state is None or self.recurrent_state.shape[0] != x.shape[0]:
             raise RuntimeError(f"Gated DeltaNet state not set up for a batch of {x.shape[0]} (setup_state)")
         t = x.shape[1]
@@ -129,18 +106,13 @@ class GatedDeltaNet(nn.Module):
         b_in, a_in = _outputs(self.in_proj_ba, x, self.shape.v_heads)
         if valid is not None:
             qkv = qkv * valid[..., None]
-        if t > DECODE_ROWS:
-            return self.out_proj(self._prefill(qkv, b_in, a_in, z, valid))
         record = self.snap_recurrent is not None and t <= self.snap_recurrent.shape[1]
-        outs = []
-        for i in range(t):
-            one = slice(i, i + 1)
-            outs.append(self._step(qkv[:, one], b_in[:, one], a_in[:, one], z[:, one],
-                                   None if valid is None else valid[:, one]))
-            if record:
-                self.snap_conv[:, i].copy_(self.conv_state)
-                self.snap_recurrent[:, i].copy_(self.recurrent_state)
-        return self.out_proj(torch.cat(outs, 1) if t > 1 else outs[0])
+        mixed = torch.ops.anyfp4.causal_conv(qkv, self.conv_weight, self.conv_state,
+                                             self.snap_conv if record else None)
+        o = torch.ops.anyfp4.gated_delta_step(mixed, a_in, b_in, z, self.neg_a, self.dt_bias, self.norm_weight,
+                                              self.recurrent_state, self.eps, self.shape.k_heads, valid,
+                                              self.snap_recurrent if record else None)
+        return self.out_proj(o)
 
 
 def _outputs(proj: nn.Module, x: torch.Tensor, first: int) -> tuple[torch.Tensor, torch.Tensor]:

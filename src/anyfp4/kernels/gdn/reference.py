@@ -91,10 +91,11 @@ def _finish(out: torch.Tensor, state: torch.Tensor, s: torch.Tensor, dtype: torc
 
 
 def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                          state: torch.Tensor) -> torch.Tensor:
+                          state: torch.Tensor, snapshots: torch.Tensor | None = None) -> torch.Tensor:
     """Token by token: q, k (b, t, hk, dk), v (b, t, hv, dv), g, beta (b, t, hv) -> o (b, t, hv, dv) in v's dtype;
-    ``state`` (b, hv, dk, dv) float32 is read and left as after the last token. Each batch row on its own (no
-    matrix products across rows): a row's bits do not depend on the batch."""
+    ``state`` (b, hv, dk, dv) float32 is read and left as after the last token; ``snapshots`` (b, >= t, hv, dk, dv)
+    receives the state after each token. Each batch row on its own (no matrix products across rows): a row's bits do
+    not depend on the batch."""
     dtype, t = v.dtype, v.shape[1]
     q, k, v, g, beta, out = _per_head(q, k, v, g, beta, state)
     s = state.clone()
@@ -105,6 +106,8 @@ def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         delta = (v[:, :, i] - tree_sum(s * kt, -2)[:, :, 0]) * beta[:, :, i, None]
         s = s + kt * delta[:, :, None, :]
         out[:, :, i] = tree_sum(s * q[:, :, i, :, None], -2)[:, :, 0]
+        if snapshots is not None:
+            snapshots[:, i].copy_(s)
     return _finish(out, state, s, dtype)
 
 
@@ -135,10 +138,12 @@ def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
     return _finish(out, state, s, dtype)
 
 
-def causal_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+                snapshots: torch.Tensor | None = None) -> torch.Tensor:
     """The depthwise causal convolution over time, then silu: x (b, t, channels), weight (channels, kernel), and
     ``conv_state`` (b, channels, kernel - 1) the inputs before x (zeros at the start), left as the last kernel - 1
-    inputs. Sums in float32 (taps in order), the result in x's dtype."""
+    inputs; ``snapshots`` (b, >= t, channels, kernel - 1) receives that state after each token. Sums in float32
+    (taps in order), the result in x's dtype."""
     b, t, ch = x.shape
     width = weight.shape[-1]
     if weight.shape != (ch, width) or conv_state.shape != (b, ch, width - 1):
@@ -146,6 +151,9 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor)
                          f"{tuple(weight.shape)} and {tuple(conv_state.shape)}")
     seq = torch.cat([conv_state.to(x.dtype), x.transpose(1, 2)], dim=-1)  # (b, ch, width - 1 + t)
     conv_state.copy_(seq[..., seq.shape[-1] - (width - 1):])
+    if snapshots is not None:
+        for i in range(t):
+            snapshots[:, i].copy_(seq[..., i + 1:i + width])
     sf, wf = seq.float(), weight.float()
     y = sf[..., 0:t] * wf[:, 0:1]  # (b, ch, t): taps added in order, elementwise (the same bits for any batch)
     for j in range(1, width):
@@ -174,15 +182,20 @@ def split_heads(mixed: torch.Tensor, k_heads: int, k_dim: int, v_heads: int, v_d
 
 def gated_delta_step(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.Tensor, neg_a: torch.Tensor,
                      dt_bias: torch.Tensor, norm_weight: torch.Tensor, state: torch.Tensor, eps: float, k_heads: int,
-                     valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Tokens after the convolution, one by one: mixed (b, t, 2 hk dk + hv dv), a / b (b, t, hv), z (b, t, hv dv)
-    -> the gated RMSNorm of the delta rule's outputs (b, t, hv dv) in mixed's dtype; ``state`` (b, hv, dk, dv)
-    float32 advanced over the t tokens."""
+                     valid: torch.Tensor | None = None, snapshots: torch.Tensor | None = None,
+                     chunk: int = 0) -> torch.Tensor:
+    """The tokens after the convolution: mixed (b, t, 2 hk dk + hv dv), a / b (b, t, hv), z (b, t, hv dv) -> the
+    gated RMSNorm of the delta rule's outputs (b, t, hv dv) in mixed's dtype; ``state`` (b, hv, dk, dv) float32
+    advanced over the t tokens, one by one (``snapshots``: the state after each) or, with ``chunk`` > 0 and no
+    snapshots, in chunks of that many."""
     bsz, t, _ = mixed.shape
     hv, dk, dv = state.shape[1:]
     q, k, v = split_heads(mixed, k_heads, dk, hv, dv)
     g, beta = gates(a, b, neg_a, dt_bias, valid)
-    o = gated_delta_recurrent(q, k, v, g, beta, state)
+    if chunk and snapshots is None:
+        o = gated_delta_chunked(q, k, v, g, beta, state, chunk)
+    else:
+        o = gated_delta_recurrent(q, k, v, g, beta, state, snapshots)
     return gated_rms_norm(o, z.reshape(bsz, t, hv, dv), norm_weight, eps).reshape(bsz, t, hv * dv)
 
 

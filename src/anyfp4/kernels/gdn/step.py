@@ -1,13 +1,18 @@
-"""One token of a Gated DeltaNet layer on the GPU, in three Triton launches instead of torch's chain of ~100 small
-kernels: ``conv_step`` (the depthwise causal convolution and silu over the rolling state, programs over channel
-blocks) and ``delta_step`` (per value head and block of its value dims: q / k L2-normalized, the gates from the
-a / b projections, the delta rule on the float32 state; then per head the gated RMSNorm with z). The convolution is
-its own launch because several value heads read one key head's convolved channels, which it owns and rewrites; the
-norm is its own because it reads all of a head's value dims, which several programs produce.
+"""A Gated DeltaNet layer's mixer on the GPU over t tokens (a decode step, a verify pass, a prefill) in three Triton
+launches instead of torch's chain of small kernels:
 
-Each program computes one batch row's channels or head alone, so a row's bits do not depend on the batch; a
-verify pass runs its tokens one by one through the same two launches, giving the bits of single decode steps.
-The definitions they are tested against: ``reference.causal_conv`` and ``reference.gated_delta_step``.
+- ``conv``: the depthwise causal convolution and silu, programs over (row, channel block, token block) — every
+  output reads only inputs, so tokens run in parallel; the rolling state (the last kernel - 1 inputs) is rewritten by
+  the programs of the first token block, the only ones that read it;
+- ``delta_rule``: per (row, value head, block of 32 value dims) the float32 state tile in registers through the t
+  tokens one after another: q / k L2-normalized, the gates from the a / b projections, decay, delta, update, output
+  (rounded); optionally the state after each token into a snapshot buffer (speculation returns to any of them);
+- ``gated_norm``: per (row, token, head) the RMSNorm of the head's outputs times the weight, times silu(z).
+
+A token's arithmetic is the same whatever t is (the state stays in float32 registers between tokens instead of
+going through memory: the same values), so a verify pass and a prefill give the bits of one-token steps; and each
+program computes one batch row alone, so a row's bits do not depend on the batch. The definitions they are tested
+against: ``reference.causal_conv`` and ``reference.gated_delta_step``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from .reference import L2_EPS
 
 _L2_EPS = tl.constexpr(L2_EPS)
 STATE_BLOCK_V = 32  # value dims per program of a head's state: (DK, 32) float32 tiles, four programs a head at 128
+CONV_BLOCK_T = 16  # tokens per convolution program
 
 
 @triton.jit
@@ -30,58 +36,86 @@ def _silu(x):
 
 
 @triton.jit
-def conv_step_kernel(x_ptr, w_ptr, state_ptr, y_ptr, channels, stride_xb, stride_sb, stride_sc, stride_yb,
-                     WIDTH: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
-    row, blk = tl.program_id(0), tl.program_id(1)
-    ch = blk * BLOCK + tl.arange(0, BLOCK)
-    inside = ch < channels
-    x = tl.load(x_ptr + row * stride_xb + ch, mask=inside, other=0.0)
-    state = state_ptr + row * stride_sb + ch * stride_sc
-    y = tl.zeros([BLOCK], dtype=tl.float32)
-    for j in tl.static_range(WIDTH - 1):  # taps in order, oldest input first
-        tap = tl.load(state + j, mask=inside, other=0.0)
-        y += tap.to(tl.float32) * tl.load(w_ptr + ch * WIDTH + j, mask=inside, other=0.0).to(tl.float32)
-        if j > 0:
-            tl.store(state + (j - 1), tap, mask=inside)
-    y += x.to(tl.float32) * tl.load(w_ptr + ch * WIDTH + (WIDTH - 1), mask=inside, other=0.0).to(tl.float32)
-    tl.store(state + (WIDTH - 2), x.to(state_ptr.dtype.element_ty), mask=inside)
-    tl.store(y_ptr + row * stride_yb + ch, round_to_output(_silu(y), y_ptr.dtype.element_ty, INTERPRET), mask=inside)
+def _conv_input(x_ptr, state_ptr, src, ch, valid, stride_xt, stride_sc, WIDTH: tl.constexpr):
+    """Input ``src`` (per token; < 0: from the rolling state) of channels ``ch``: (BLOCK_T, BLOCK_C)."""
+    from_x = tl.load(x_ptr + src[:, None] * stride_xt + ch[None, :], mask=valid & (src[:, None] >= 0), other=0.0)
+    old = tl.load(state_ptr + ch[None, :] * stride_sc + (src[:, None] + WIDTH - 1), mask=valid & (src[:, None] < 0),
+                  other=0.0)
+    return tl.where(src[:, None] >= 0, from_x, old.to(from_x.dtype))
 
 
 @triton.jit
-def delta_step_kernel(mixed_ptr, a_ptr, b_ptr, neg_a_ptr, dt_bias_ptr, state_ptr, out_ptr, valid_ptr, v_heads,
-                      stride_mb, stride_ab, stride_bb, stride_ob, q_scale, K_HEADS: tl.constexpr, DK: tl.constexpr,
+def conv_kernel(x_ptr, w_ptr, state_ptr, y_ptr, snap_ptr, T, channels, stride_xb, stride_xt, stride_sb, stride_sc,
+                stride_yb, stride_yt, stride_pb, stride_pt, stride_pc, WIDTH: tl.constexpr, SNAP: tl.constexpr,
+                BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr):
+    row, cb, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ch = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    tok = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+    valid = (tok[:, None] < T) & (ch[None, :] < channels)
+    x_row, state = x_ptr + row * stride_xb, state_ptr + row * stride_sb
+    y = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(WIDTH):  # taps in order, oldest input first
+        tap = _conv_input(x_row, state, tok - (WIDTH - 1) + j, ch, valid, stride_xt, stride_sc, WIDTH)
+        w = tl.load(w_ptr + ch * WIDTH + j, mask=ch < channels, other=0.0).to(tl.float32)
+        y += tap.to(tl.float32) * w[None, :]
+    tl.store(y_ptr + row * stride_yb + tok[:, None] * stride_yt + ch[None, :],
+             round_to_output(_silu(y), y_ptr.dtype.element_ty, INTERPRET), mask=valid)
+    if SNAP:  # the window after each token: its last WIDTH - 1 inputs
+        for j in tl.static_range(WIDTH - 1):
+            kept = _conv_input(x_row, state, tok - (WIDTH - 2) + j, ch, valid, stride_xt, stride_sc, WIDTH)
+            tl.store(snap_ptr + row * stride_pb + tok[:, None] * stride_pt + ch[None, :] * stride_pc + j,
+                     kept.to(snap_ptr.dtype.element_ty), mask=valid)
+    if tb == 0:  # the new state: the last WIDTH - 1 inputs; slot j reads slot T + j > j (not yet rewritten)
+        tl.debug_barrier()  # every thread of the program has read the old state
+        for j in tl.static_range(WIDTH - 1):
+            src = T - (WIDTH - 1) + j
+            inside = ch < channels
+            from_x = tl.load(x_row + src * stride_xt + ch, mask=inside & (src >= 0), other=0.0)
+            old = tl.load(state + ch * stride_sc + (src + WIDTH - 1), mask=inside & (src < 0), other=0.0)
+            newest = tl.where(src >= 0, from_x, old.to(from_x.dtype))
+            tl.store(state + ch * stride_sc + j, newest.to(state_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def delta_rule_kernel(mixed_ptr, a_ptr, b_ptr, neg_a_ptr, dt_bias_ptr, state_ptr, out_ptr, valid_ptr, snap_ptr, T,
+                      v_heads, stride_mb, stride_mt, stride_ab, stride_at, stride_bb, stride_bt, stride_ob, stride_ot,
+                      stride_vb, stride_pb, stride_pt, q_scale, K_HEADS: tl.constexpr, DK: tl.constexpr,
                       DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_VALID: tl.constexpr,
-                      INTERPRET: tl.constexpr):
-    """One program per (row, value head, block of BV value dims): the (DK, BV) state tile decayed and written, the
-    head's outputs of those dims rounded into ``out`` (the gated norm follows in ``gated_norm_kernel``)."""
+                      SNAP: tl.constexpr, INTERPRET: tl.constexpr):
+    """One program per (row, value head, block of BV value dims): the (DK, BV) state tile through the T tokens."""
     pid, blk = tl.program_id(0), tl.program_id(1)
     row, head = pid // v_heads, pid % v_heads
     kh = head // (v_heads // K_HEADS)
     kk, vv = tl.arange(0, BK), blk * BV + tl.arange(0, BV)
     k_in, v_in = kk < DK, vv < DV
-    base = mixed_ptr + row * stride_mb
-    q = tl.load(base + kh * DK + kk, mask=k_in, other=0.0).to(tl.float32)
-    k = tl.load(base + K_HEADS * DK + kh * DK + kk, mask=k_in, other=0.0).to(tl.float32)
-    v = tl.load(base + 2 * K_HEADS * DK + head * DV + vv, mask=v_in, other=0.0).to(tl.float32)
-    q = q / tl.sqrt(tl.sum(q * q, axis=0) + _L2_EPS) * q_scale
-    k = k / tl.sqrt(tl.sum(k * k, axis=0) + _L2_EPS)
-    beta = 1.0 / (1.0 + tl.exp(-tl.load(b_ptr + row * stride_bb + head).to(tl.float32)))
-    a = tl.load(a_ptr + row * stride_ab + head).to(tl.float32) + tl.load(dt_bias_ptr + head)
-    softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
-    g = tl.load(neg_a_ptr + head) * softplus
-    if HAS_VALID:  # left padding neither decays nor writes the state
-        keep = tl.load(valid_ptr + row)
-        beta, g = beta * keep, g * keep
     tile = k_in[:, None] & v_in[None, :]
-    s_ptrs = state_ptr + pid * DK * DV + kk[:, None] * DV + vv[None, :]
-    s = tl.load(s_ptrs, mask=tile, other=0.0) * tl.exp(g)
-    delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
-    s = s + k[:, None] * delta[None, :]
-    tl.store(s_ptrs, s, mask=tile)
-    o = tl.sum(s * q[:, None], axis=0)
-    tl.store(out_ptr + row * stride_ob + head * DV + vv, round_to_output(o, out_ptr.dtype.element_ty, INTERPRET),
-             mask=v_in)
+    s_off = pid * DK * DV + kk[:, None] * DV + vv[None, :]
+    s = tl.load(state_ptr + s_off, mask=tile, other=0.0)
+    neg_a, dt_bias = tl.load(neg_a_ptr + head), tl.load(dt_bias_ptr + head)
+    for t in range(T):
+        base = mixed_ptr + row * stride_mb + t * stride_mt
+        q = tl.load(base + kh * DK + kk, mask=k_in, other=0.0).to(tl.float32)
+        k = tl.load(base + K_HEADS * DK + kh * DK + kk, mask=k_in, other=0.0).to(tl.float32)
+        v = tl.load(base + 2 * K_HEADS * DK + head * DV + vv, mask=v_in, other=0.0).to(tl.float32)
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + _L2_EPS) * q_scale
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + _L2_EPS)
+        beta = 1.0 / (1.0 + tl.exp(-tl.load(b_ptr + row * stride_bb + t * stride_bt + head).to(tl.float32)))
+        a = tl.load(a_ptr + row * stride_ab + t * stride_at + head).to(tl.float32) + dt_bias
+        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
+        g = neg_a * softplus
+        if HAS_VALID:  # left padding neither decays nor writes the state
+            keep = tl.load(valid_ptr + row * stride_vb + t)
+            beta, g = beta * keep, g * keep
+        s = s * tl.exp(g)
+        delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+        s = s + k[:, None] * delta[None, :]
+        o = tl.sum(s * q[:, None], axis=0)
+        tl.store(out_ptr + row * stride_ob + t * stride_ot + head * DV + vv,
+                 round_to_output(o, out_ptr.dtype.element_ty, INTERPRET), mask=v_in)
+        if SNAP:
+            tl.store(snap_ptr + row * stride_pb + t * stride_pt + head * DK * DV + kk[:, None] * DV + vv[None, :], s,
+                     mask=tile)
+    tl.store(state_ptr + s_off, s, mask=tile)
 
 
 @triton.jit
@@ -103,54 +137,57 @@ def gated_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, heads, stride_xr, stride_zr,
              mask=inside)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """(b, 1, n) or (b, n) -> (b, n) with a contiguous last dimension."""
-    x2 = x.reshape(x.shape[0], -1)
-    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _valid(valid: torch.Tensor | None, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    if valid is None:
-        return like, False
-    return valid.reshape(-1).to(torch.float32).contiguous(), True
-
-
-def conv_step(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
-              out: torch.Tensor | None = None) -> torch.Tensor:
-    """One token: x (b, 1, channels), weight (channels, kernel), conv_state (b, channels, kernel - 1) advanced in
-    place -> silu(conv) (b, 1, channels) in x's dtype (into ``out`` if given)."""
-    b, ch, width = x.shape[0], weight.shape[0], weight.shape[1]
-    x2 = _rows(x)
+def conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, snapshots: torch.Tensor | None = None,
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (b, t, channels), weight (channels, kernel), conv_state (b, channels, kernel - 1) advanced in place ->
+    silu(conv) (b, t, channels) in x's dtype (into ``out`` if given); ``snapshots`` (b, >= t, channels, kernel - 1):
+    the state after each token."""
+    b, t, ch = x.shape
+    width = weight.shape[1]
+    x = _last_contiguous(x)
     if conv_state.stride(-1) != 1:
         raise ValueError("the convolution state must be contiguous in its last dimension")
-    y = torch.empty_like(x2) if out is None else out.view(b, ch)
-    block = min(1024, triton.next_power_of_2(ch))
-    conv_step_kernel[(b, triton.cdiv(ch, block))](
-        x2, weight.contiguous(), conv_state, y, ch, x2.stride(0), conv_state.stride(0), conv_state.stride(1),
-        y.stride(0), WIDTH=width, BLOCK=block, INTERPRET=triton_interpret(), num_warps=4)
-    return y.view(b, 1, ch)
+    y = torch.empty(b, t, ch, dtype=x.dtype, device=x.device) if out is None else out
+    snap = snapshots if snapshots is not None else conv_state
+    block_c = min(256, triton.next_power_of_2(ch))
+    conv_kernel[(b, triton.cdiv(ch, block_c), triton.cdiv(t, CONV_BLOCK_T))](
+        x, weight.contiguous(), conv_state, y, snap, t, ch, x.stride(0), x.stride(1), conv_state.stride(0),
+        conv_state.stride(1), y.stride(0), y.stride(1), snap.stride(0), snap.stride(1) if snapshots is not None else 0,
+        snap.stride(2) if snapshots is not None else 0, WIDTH=width, SNAP=snapshots is not None, BLOCK_T=CONV_BLOCK_T,
+        BLOCK_C=block_c, INTERPRET=triton_interpret(), num_warps=4)
+    return y
 
 
-def delta_step(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.Tensor, neg_a: torch.Tensor,
+def delta_rule(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.Tensor, neg_a: torch.Tensor,
                dt_bias: torch.Tensor, norm_weight: torch.Tensor, state: torch.Tensor, eps: float, k_heads: int,
-               valid: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """One token of ``reference.gated_delta_step``: mixed (b, 1, 2 hk dk + hv dv) the convolved q | k | v,
-    a / b (b, 1, hv), z (b, 1, hv dv), state (b, hv, dk, dv) float32 contiguous, advanced in place, ``valid``
-    (b,) or None -> (b, 1, hv dv) in mixed's dtype (into ``out`` if given). Two launches: the delta rule over
-    blocks of value dims, then the gated norm per head."""
+               valid: torch.Tensor | None = None, snapshots: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """``reference.gated_delta_step`` over t tokens: mixed (b, t, 2 hk dk + hv dv) the convolved q | k | v,
+    a / b (b, t, hv), z (b, t, hv dv), state (b, hv, dk, dv) float32 contiguous, advanced in place, ``valid``
+    (b, t) or None, ``snapshots`` (b, >= t, hv, dk, dv) float32 contiguous: the state after each token ->
+    (b, t, hv dv) in mixed's dtype (into ``out`` if given). Two launches: the delta rule over blocks of value dims,
+    then the gated norm per token and head."""
     rows, v_heads, dk, dv = state.shape
-    if not state.is_contiguous():
-        raise ValueError("the recurrent state must be contiguous")
-    m2, a2, b2, z2 = (_rows(t) for t in (mixed, a, b, z))
-    out = torch.empty(rows, v_heads * dv, dtype=mixed.dtype, device=mixed.device) if out is None else out.view(
-        rows, v_heads * dv)
-    keep, has_valid = _valid(valid, m2)
+    t = mixed.shape[1]
+    if not state.is_contiguous() or (snapshots is not None and not snapshots.is_contiguous()):
+        raise ValueError("the recurrent state and its snapshots must be contiguous")
+    mixed, a, b, z = (_last_contiguous(x) for x in (mixed, a, b, z))
+    y = torch.empty(rows, t, v_heads * dv, dtype=mixed.dtype, device=mixed.device) if out is None else out
+    keep = valid.to(torch.float32).contiguous() if valid is not None else state
+    snap = snapshots if snapshots is not None else state
     bk, bv = triton.next_power_of_2(dk), min(STATE_BLOCK_V, triton.next_power_of_2(dv))
-    delta_step_kernel[(rows * v_heads, triton.cdiv(dv, bv))](
-        m2, a2, b2, neg_a, dt_bias, state, out, keep, v_heads, m2.stride(0), a2.stride(0), b2.stride(0),
-        out.stride(0), dk ** -0.5, K_HEADS=k_heads, DK=dk, DV=dv, BK=bk, BV=bv, HAS_VALID=has_valid,
+    delta_rule_kernel[(rows * v_heads, triton.cdiv(dv, bv))](
+        mixed, a, b, neg_a, dt_bias, state, y, keep, snap, t, v_heads, mixed.stride(0), mixed.stride(1), a.stride(0),
+        a.stride(1), b.stride(0), b.stride(1), y.stride(0), y.stride(1), keep.stride(0) if valid is not None else 0,
+        snap.stride(0) if snapshots is not None else 0, snap.stride(1) if snapshots is not None else 0, dk ** -0.5,
+        K_HEADS=k_heads, DK=dk, DV=dv, BK=bk, BV=bv, HAS_VALID=valid is not None, SNAP=snapshots is not None,
         INTERPRET=triton_interpret(), num_warps=max(1, min(8, bk * bv // 1024)))
-    gated_norm_kernel[(rows * v_heads,)](
-        out, z2, norm_weight, out, v_heads, out.stride(0), z2.stride(0), out.stride(0), float(eps), D=dv,
+    y2, z2 = y.view(rows * t, v_heads * dv), z.reshape(rows * t, v_heads * dv)
+    gated_norm_kernel[(rows * t * v_heads,)](
+        y2, z2, norm_weight, y2, v_heads, y2.stride(0), z2.stride(0), y2.stride(0), float(eps), D=dv,
         BD=triton.next_power_of_2(dv), INTERPRET=triton_interpret(), num_warps=1)
-    return out.view(rows, 1, v_heads * dv)
+    return y
