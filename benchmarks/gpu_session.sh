@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu_session.sh sweep     # launch-config sweeps of the CUDA kernel (the launch table's source)
 #   bash benchmarks/gpu_session.sh runner    # e2e_runner, step profile, speculative decoding
 #   bash benchmarks/gpu_session.sh tp        # two GPUs: all-reduce probe, bench --tp 2, TP1/TP2 agreement
+#   bash benchmarks/gpu_session.sh hybrid    # Qwen3.5-27B hybrid: GPU tests, bench vs bf16, MTP, rejected drafts,
+#                                            # step profile, Gated DeltaNet prefill chunked vs recurrent
 # Each step has its own time limit so one slow step cannot eat the whole lease.
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
@@ -67,7 +69,27 @@ tp)
         > "$OUT/tp_runner.log" 2>&1  # chunked prefill: two GPUs should give one GPU's SHA-256
     tail -3 "$OUT/tp_runner.log"
     ;;
+hybrid)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/runtime/test_hybrid_on_the_gpu.py tests/kernels/gdn \
+        tests/kernels/glue/test_small_attention.py tests/kernels/triton/test_dense_gemv.py tests/ops/test_gdn_ops.py \
+        tests/runtime/test_cuda_graph.py 2>&1 | tail -4 | tee "$OUT/pytest_hybrid.txt"
+    q35() {  # name, then anyfp4 bench arguments
+        local name="$1"; shift
+        timeout 200 python3 -m anyfp4 bench --random-weights qwen3.5-27b --json "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); rs=r if isinstance(r, list) else [r]
+[print(x['model'], 'decode', round(x['decode_tok_s'], 1), 'tok/s, prefill', round(x['prefill_tok_s']), 'tok/s, sha',
+       x['sha256'][:16], x.get('speculative', '')) for x in rs]" "$OUT/$name.json" 2>/dev/null || tail -3 "$OUT/$name.err"
+    }
+    q35 bench_q35_mixed_vs_bf16 --format mixed --compare bf16
+    q35 bench_q35_mixed_mtp --format mixed --speculate mtp --draft-tokens 3
+    timeout 150 python3 benchmarks/probes/rejected_rows.py --arch qwen3.5-27b --format mixed --mtp --out "$OUT/rejected_rows.json"
+    timeout 100 python3 benchmarks/probes/step_profile.py --arch qwen3.5-27b --formats mixed --out "$OUT/step_profile_q35.json" \
+        > "$OUT/step_profile_q35.log" 2>&1; grep -A12 "==" "$OUT/step_profile_q35.log" | cut -c1-120
+    for mode in chunked recurrent; do
+        ANYFP4_GDN_PREFILL=$mode q35 bench_q35_prefill_$mode --format mixed --prompt-len 2048 --gen-len 16
+    done
+    ;;
 *)
-    echo "unknown stage $stage (check, kernels, bench, sweep, runner, tp)"; exit 2
+    echo "unknown stage $stage (check, kernels, bench, sweep, runner, tp, hybrid)"; exit 2
     ;;
 esac
