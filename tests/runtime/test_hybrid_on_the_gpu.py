@@ -83,3 +83,27 @@ def test_speculation_keeps_the_greedy_text(hybrid, k):
     ngram, _ = generate_speculative(model, prompt, params, k)
     mtp, stats = generate_speculative(model, prompt, params, k, mtp=head)
     assert ngram == plain and mtp == plain and stats.verify_steps >= 1
+
+
+def test_the_graphed_mtp_head_replays_the_eager_head(hybrid):
+    """The head's graphed steps (one and four tokens, chained on their own outputs) give the eager head's bits."""
+    from anyfp4.runtime.cuda_graph import GraphedHeadStep
+
+    model, head = hybrid
+    gen = torch.Generator(device=CUDA).manual_seed(3)
+    prompt = torch.randint(0, model.args.vocab_size, (1, 12), device=CUDA, generator=gen)
+    model.setup_caches(1, 32)
+    _, hidden = model(prompt, torch.arange(12, device=CUDA), hidden=True)
+    graphed = GraphedHeadStep(head, model)
+    results = {}
+    for name, fn in (("eager", lambda *a: head(model, *a)), ("graph", graphed)):
+        head.setup_caches(1, 32, model)
+        outs = []
+        logits, out = fn(prompt[:, 1:5], hidden[:, :4], torch.arange(4, device=CUDA))
+        outs.append(logits.clone())
+        for i in range(4):
+            tok = logits[:, -1:].argmax(-1)
+            logits, out = fn(tok, out[:, -1:], torch.tensor([4 + i], device=CUDA))
+            outs.append(logits.clone())
+        results[name] = torch.cat(outs, 1)
+    assert torch.equal(results["eager"], results["graph"])

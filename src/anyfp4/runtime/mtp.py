@@ -4,12 +4,13 @@ The head reads, at position p, the model's final-norm output h_p and the embeddi
 through its own (1 + w) RMSNorm; ``fc`` maps their concatenation [embedding, hidden] back to the model width; one
 full-attention decoder layer (its own KV cache, the model's rotary tables) and a final norm follow, and the model's
 ``lm_head`` gives logits for the token at p + 2. The embeddings and the head are the model's. Further drafts feed
-the head its own output and the token it drafted, one position on.
+the head its own output and the token it drafted, one position on. On a GPU the head's steps replay CUDA graphs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -39,12 +40,28 @@ class MTPHead(nn.Module):
         return model.lm_head(out).float(), out
 
 
+_GRAPHED: "weakref.WeakKeyDictionary[MTPHead, Callable]" = weakref.WeakKeyDictionary()
+
+
+def graphed_head(head: MTPHead, model: Transformer) -> Callable:
+    """What runs the head's steps: on CUDA its steps captured in CUDA graphs (``cuda_graph.GraphedHeadStep``),
+    cached per head; on the CPU the head itself."""
+    if model.device.type != "cuda":
+        return lambda tokens, hidden, input_pos: head(model, tokens, hidden, input_pos)
+    if head not in _GRAPHED:
+        from .cuda_graph import GraphedHeadStep
+
+        _GRAPHED[head] = GraphedHeadStep(head, model)
+    return _GRAPHED[head]
+
+
 class MTPDrafter:
     """Drafts from the head, its KV cache kept in step with the accepted tokens: each verify step's model outputs
     (every position up to the accepted ones) re-run through the head, whose last output starts the next drafts."""
 
     def __init__(self, head: MTPHead, model: Transformer):
         self.head, self.model = head, model
+        self.step = graphed_head(head, model)
         self.next_logits: torch.Tensor | None = None  # (vocab,): the head's guess for the token after the next
         self.next_hidden: torch.Tensor | None = None
         self.next_pos = 0
@@ -57,7 +74,7 @@ class MTPDrafter:
         that follow each (``tokens``, n of them: the last one the token just sampled)."""
         dev = self.model.device
         pos = torch.arange(start, start + len(tokens), device=dev)
-        logits, out = self.head(self.model, torch.tensor([list(tokens)], device=dev), hidden, pos)
+        logits, out = self.step(torch.tensor([list(tokens)], device=dev), hidden, pos)
         self.next_logits, self.next_hidden, self.next_pos = logits[0, -1], out[:, -1:], start + len(tokens)
 
     def draft(self, k: int) -> list[int]:
@@ -66,8 +83,7 @@ class MTPDrafter:
         out = [int(self.next_logits.argmax())]
         hidden, pos = self.next_hidden, self.next_pos
         for _ in range(k - 1):
-            logits, hidden = self.head(self.model, torch.tensor([[out[-1]]], device=dev), hidden,
-                                       torch.tensor([pos], device=dev))
+            logits, hidden = self.step(torch.tensor([[out[-1]]], device=dev), hidden, torch.tensor([pos], device=dev))
             out.append(int(logits[0, -1].argmax()))
             pos += 1
         return out
