@@ -13,6 +13,7 @@ from torch import nn
 from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
 from .config import GDNShape
 
+
 class GatedDeltaNet(nn.Module):
     def __init__(self, shape: GDNShape, in_proj_qkvz: nn.Module, in_proj_ba: nn.Module, out_proj: nn.Module,
                  conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor,
