@@ -43,3 +43,35 @@ def test_conv_and_norm_ops():
     assert torch.equal(torch.ops.anyfp4.gated_rms_norm(x, z, nw, 1e-6), gated_rms_norm(x, z, nw, 1e-6))
     with pytest.raises(ValueError, match="gated_rms_norm: x .* disagree"):
         torch.ops.anyfp4.gated_rms_norm(x, z[..., :5], nw, 1e-6)
+
+
+def step_args(t=3, gen_seed=42):
+    gen = torch.Generator().manual_seed(gen_seed)
+    hk, hv, dk, dv = 2, 4, 8, 8
+    return dict(mixed=torch.randn(2, t, 2 * hk * dk + hv * dv, generator=gen), a=torch.randn(2, t, hv, generator=gen),
+                b=torch.randn(2, t, hv, generator=gen), z=torch.randn(2, t, hv * dv, generator=gen),
+                neg_a=-torch.rand(hv, generator=gen), dt_bias=torch.randn(hv, generator=gen),
+                norm_weight=torch.randn(dv, generator=gen), state=torch.randn(2, hv, dk, dv, generator=gen), eps=1e-6,
+                k_heads=hk)
+
+
+def test_gated_delta_step_op_keeps_snapshots():
+    """The op over t tokens with snapshots: opcheck, the last snapshot is the final state, each snapshot is the
+    state a run over that prefix leaves, and snapshots too small for the step are refused by name."""
+    args = step_args()
+    snaps = torch.zeros(2, 4, 4, 8, 8)
+    torch.library.opcheck(torch.ops.anyfp4.gated_delta_step, (), {**args, "state": args["state"].clone(),
+                                                                  "snapshots": snaps.clone()})
+    state = args["state"].clone()
+    torch.ops.anyfp4.gated_delta_step(**{**args, "state": state}, snapshots=snaps)
+    assert torch.equal(snaps[:, 2], state) and not snaps[:, 3].any()
+    prefix = args["state"].clone()
+    part = {k: args[k][:, :2] for k in ("mixed", "a", "b", "z")}
+    torch.ops.anyfp4.gated_delta_step(**{**args, **part, "state": prefix})
+    assert torch.equal(snaps[:, 1], prefix)
+    with pytest.raises(ValueError, match=r"gated_delta_step: snapshots \(2, 2, 4, 8, 8\) .* do not hold 3 copies"):
+        torch.ops.anyfp4.gated_delta_step(**{**args, "state": state}, snapshots=snaps[:, :2])
+    conv_snaps = torch.zeros(2, 3, 6, 3)
+    x, w, cstate = torch.randn(2, 3, 6), torch.randn(6, 4), torch.randn(2, 6, 3)
+    torch.ops.anyfp4.causal_conv(x, w, cstate, conv_snaps)
+    assert torch.equal(conv_snaps[:, 2], cstate) and torch.equal(conv_snaps[:, 0, :, 2], x[:, 0])
