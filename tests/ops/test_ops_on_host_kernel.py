@@ -8,6 +8,7 @@ import torch
 
 import host_cuda
 from anyfp4.formats.fp8 import quantize_fp8
+from anyfp4.dispatch.configs import MMAConfig
 from anyfp4.kernels import device
 from anyfp4.kernels.cuda import weight_mma
 from anyfp4.ops.fp8 import fp8_on_cpu, fp8_on_gpu
@@ -24,7 +25,7 @@ N, K = 200, 1040
 def emulated_gpu(monkeypatch):
     monkeypatch.setattr(device, "device_arch", lambda index=None: (90, 132))
     monkeypatch.setattr(weight_mma, "device_arch", lambda index=None: (90, 132))
-    monkeypatch.setattr(weight_mma, "enabled", lambda sm: True)
+    monkeypatch.setattr(weight_mma, "enabled", lambda sm, dtype=None: True)
     monkeypatch.setattr(weight_mma, "nvfp4_mma_gemm", host_cuda.gemm("nvfp4"))
     monkeypatch.setattr(weight_mma, "fp8_mma_gemm", host_cuda.gemm("fp8"))
 
@@ -72,3 +73,39 @@ def test_rows_keep_their_bits_whatever_the_call(emulated_gpu, monkeypatch, fmt):
     y = gpu(x, p, None, partial=True)
     assert all(torch.equal(y[i:i + 1], s) for i, s in singles.items())
     assert rel_err(gpu(x, p, None), ref(x, p, None).double()) < 4e-3
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_an_emulated_turing_runs_its_own_variant(monkeypatch, fmt):
+    """sm_75 (40 multiprocessors): fp16 decode calls take the CUDA kernel's sm_75 variant (two m16n8k8 mmas per
+    product, staging through registers; the host build with the defines its launch plans) and match the CPU
+    reference, each row with the bits of a one-row call; bf16 activations and sm_70 are left to the Triton
+    kernels."""
+    from anyfp4.kernels.cuda import nvrtc
+
+    monkeypatch.setattr(nvrtc, "available", lambda: True)
+    assert weight_mma.enabled(75, torch.float16) and not weight_mma.enabled(75, torch.bfloat16)
+    assert not weight_mma.enabled(70, torch.float16) and weight_mma.enabled(80, torch.bfloat16)
+    calls = []
+
+    def turing(kind):
+        run = host_cuda.gemm(kind, sm=75)
+        return lambda *a, **kw: calls.append(kind) or run(*a, **kw)
+
+    monkeypatch.setattr(device, "device_arch", lambda index=None: (75, 40))
+    monkeypatch.setattr(weight_mma, "device_arch", lambda index=None: (75, 40))
+    monkeypatch.setattr(weight_mma, "nvfp4_mma_gemm", turing("nvfp4"))
+    monkeypatch.setattr(weight_mma, "fp8_mma_gemm", turing("fp8"))
+    gen = torch.Generator().manual_seed(33)
+    p, pg, gpu, ref = layers(fmt, gen)
+    bias = torch.randn(N, generator=gen).to(torch.float16)
+    x = torch.randn(32, K, generator=gen).to(torch.float16)
+    singles = [gpu(x[i:i + 1], p, None, partial=True) for i in (0, 8)]
+    for m in (1, 9, 32):
+        assert rel_err(gpu(x[:m], p, bias), ref(x[:m], p, bias).double()) < 1e-3, m
+        assert rel_err(gpu(x[:m], pg, None), ref(x[:m], pg, None).double()) < 2e-3, m
+        y = gpu(x[:m], p, None, partial=True)
+        assert all(torch.equal(y[i:i + 1], s) for i, s in zip((0, 8), singles) if i < m), m
+    assert calls and set(calls) == {fmt}
+    with pytest.raises(ValueError, match="bf16 activations on sm_80"):
+        host_cuda.gemm(fmt, sm=75)(x[:1].bfloat16(), p, None, MMAConfig())

@@ -163,6 +163,35 @@ inline void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a
     for (int i = 0; i < 4; ++i) c[i] = d[i];
 }
 
+inline void mma1688(float* c, unsigned a0, unsigned a1, unsigned b0) {
+    // sm_75's m16n8k8 (fp16): A (16 x 8, row-major): lane (g, t) holds a0 = (row g, k 2t, 2t + 1), a1 = (g + 8,
+    // same k). B (8 x 8): b0 = (k 2t, 2t + 1; column g). C as for m16n8k16.
+    const int tid = (int)threadIdx.x, lane = tid & 31;
+    host::WarpFragments& w = host::warps[tid >> 5];
+    w.a[lane][0] = a0;
+    w.a[lane][1] = a1;
+    w.b[lane][0] = b0;
+    host::wait(host::AT_WARP);
+    auto a_at = [&](int row, int k) {
+        const unsigned r = w.a[(row & 7) * 4 + k / 2][row >> 3];
+        return (k & 1) ? host::hi(r, BF16) : host::lo(r, BF16);
+    };
+    auto b_at = [&](int k, int col) {
+        const unsigned r = w.b[col * 4 + k / 2][0];
+        return (k & 1) ? host::hi(r, BF16) : host::lo(r, BF16);
+    };
+    const int g = lane >> 2, t = lane & 3;
+    float d[4];
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        double sum = c[i];
+        for (int k = 0; k < 8; ++k) sum += (double)a_at(row, k) * (double)b_at(k, col);
+        d[i] = (float)sum;
+    }
+    host::wait(host::AT_WARP);  // every lane has read the fragments before any lane's next mma writes them
+    for (int i = 0; i < 4; ++i) c[i] = d[i];
+}
+
 inline void copy_async(unsigned* dst, const unsigned short* src, bool valid, unsigned bytes) {  // done at once
     if (((valid && reinterpret_cast<uintptr_t>(src) % bytes) || reinterpret_cast<uintptr_t>(dst) % bytes)
         && !host::fault[0])

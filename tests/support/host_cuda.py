@@ -73,10 +73,12 @@ def run(plan: weight_mma.Launch) -> torch.Tensor:
     return plan.out
 
 
-def gemm(fmt: str, tight: bool = False):
+def gemm(fmt: str, tight: bool = False, sm: int = weight_mma.ASYNC_SM):
     """A CPU stand-in for ``nvfp4_mma_gemm`` / ``fp8_mma_gemm`` (same arguments) that runs the kernel's source;
     ``tight``: give a block only the shared memory of one pass over its ring (for each K warp; or what its K warps
-    meet in, where more), so it stages activations every pass (else the H200's ``STAGE_BYTES``). Checks that the split-K counters are left at zero."""
+    meet in, where more), so it stages activations every pass (else the H200's ``STAGE_BYTES``); ``sm``: the
+    architecture's variant (75: two m16n8k8 mmas per product, staging through registers). Checks that the split-K
+    counters are left at zero."""
 
     def call(x, p, bias, config, out=None, out_dtype=None):
         counters = torch.zeros(1024, dtype=torch.int32)
@@ -84,7 +86,8 @@ def gemm(fmt: str, tight: bool = False):
                        else weight_mma.STAGE_BYTES)
         scales, gscale = (p.scales, p.global_scale) if fmt == "nvfp4" else (None, p.scales)
         plan = weight_mma.plan_launch(fmt, x, p.codes, scales, gscale, bias, p.out_features, p.up_offset, config,
-                                      out, out_dtype, stage_bytes=stage_bytes, early=False, counters=counters)
+                                      out, out_dtype, stage_bytes=stage_bytes, early=False, counters=counters,
+                                      sm=sm)
         y = run(plan)
         assert not counters.any(), "split-K counters not reset"
         return y

@@ -103,8 +103,10 @@ def cpu_linear(x: Tensor, w, bias: Optional[Tensor], fmt: FormatKernels, partial
     return linear_on_rows(x, w, bias, partial, lambda x2, starts, scaled: fmt.cpu_rows(lib, x2, w, starts, scaled))
 
 
-def _choice(fmt: FormatKernels, m: int, sm: Optional[int], partial: bool, input_scale: Optional[Tensor]) -> Choice:
-    """The policy's choice, from the switches of ``env.py`` and (on a GPU) whether the CUDA kernel serves it."""
+def _choice(fmt: FormatKernels, m: int, sm: Optional[int], partial: bool, input_scale: Optional[Tensor],
+            dtype: torch.dtype) -> Choice:
+    """The policy's choice, from the switches of ``env.py`` and (on a GPU) whether the CUDA kernel serves it and
+    the activation dtype."""
     from .. import env
 
     facts = dict(partial=partial, has_input_scale=input_scale is not None)
@@ -113,7 +115,7 @@ def _choice(fmt: FormatKernels, m: int, sm: Optional[int], partial: bool, input_
     if sm is not None:
         from ..kernels.cuda import weight_mma
 
-        facts.update(mma_enabled=weight_mma.enabled(sm), prefill=env.prefill_mode())
+        facts.update(mma_enabled=weight_mma.enabled(sm, dtype), prefill=env.prefill_mode())
         if fmt.name == "nvfp4":
             facts["act_pack"] = env.act_pack_mode()
     return choose_kernel(fmt.name, m, sm, **facts)
@@ -135,7 +137,7 @@ def run_linear(x: Tensor, w, bias: Optional[Tensor], fmt: FormatKernels, *, part
     if on_gpu and m == 0:
         return x.new_empty(shape, dtype=out_dtype or x.dtype)
     sm, sms = device.device_arch(x.device.index) if on_gpu else (None, 0)
-    choice = _choice(fmt, m, sm, partial, input_scale)
+    choice = _choice(fmt, m, sm, partial, input_scale, x.dtype)
     if choice.warning:
         warn_once(choice.warning)
     kernel = choice.kernel

@@ -196,14 +196,19 @@ VARIANTS = [  # (FP8, NT, MT, WARPS, DEPTH, BF16, GATED, HAS_BIAS): every value 
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("sm", [80, 86, 89, 90])
+@pytest.mark.parametrize("sm", [75, 80, 86, 89, 90])
 def test_every_variant_compiles(sm):
+    """Every flag value for every architecture (sm_75: the fp16 variants, two m16n8k8 mmas per product and staging
+    through registers)."""
     src = weight_mma._source()
     for i, (fp8, nt, mt, warps, depth, bf16, gated, bias) in enumerate(VARIANTS):
+        if bf16 and sm < weight_mma.ASYNC_SM:
+            continue
         defines = dict(source_defines("fp8" if fp8 else "nvfp4", "bf16" if bf16 else "fp16"),
                        FP8=fp8, NT=nt, MT=mt, WARPS=warps, DEPTH=depth, BF16=bf16, GATED=gated, HAS_BIAS=bias,
                        OUT_F32=i % 2, EARLY=int(sm >= 90), VEC_X=int(i % 3 > 0), SPLIT=(1, 2, 6, 8, 16)[i % 5],
-                       KW=(1, 2, 8, 4, 1, 8, 4, 1, 2, 1)[i])
+                       KW=(1, 2, 8, 4, 1, 8, 4, 1, 2, 1)[i], MMA_K8=int(sm < weight_mma.ASYNC_SM),
+                       ASYNC_COPY=int(sm >= weight_mma.ASYNC_SM))
         cubin = nvrtc.compile_cubin(src, weight_mma.KERNEL, sm, defines)
         assert cubin[:4] == b"\x7fELF"
 

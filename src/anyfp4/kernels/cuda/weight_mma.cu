@@ -1,5 +1,7 @@
 // Weight-only decode GEMM for M <= 32 on sm_80+ tensor cores (mma.sync m16n8k16, fp32 accumulate), for NVFP4
-// weights (FP8 = 0) and FP8 E4M3 weights (FP8 = 1); activations fp16 or bf16.
+// weights (FP8 = 0) and FP8 E4M3 weights (FP8 = 1); activations fp16 or bf16. On sm_75 (MMA_K8 = 1, fp16 only)
+// each m16n8k16 product is two m16n8k8 ones over the same fragments (k 0..7: a0, a1, b0; k 8..15: a2, a3, b1),
+// and without cp.async (ASYNC_COPY = 0) the staging copies go through registers.
 //
 // out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), or silu(gate) * up for a gated prepack.
 // NVFP4 prepack (packing/nvfp4.py): codes in tiles of 16 rows x 128 k (256 words, row-major inside), each
@@ -46,6 +48,7 @@
 //
 // Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16 tiles
 // per warp), WARPS, KW (warps along K per row tile), DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED, HAS_BIAS,
+// MMA_K8 and ASYNC_COPY (the architecture's mma shape and staging copies, above),
 // VEC_X (activation rows 16-byte aligned and K % 8 == 0: staged by cp.async), SPLIT (split-K slices, = gridDim.y),
 // OUT_F32 (float32 output, unrounded and before the global / row scale: a row-parallel rank's share; plain prepacks
 // without bias only), EARLY (a programmatic dependent launch on sm_90: the block fills its ring of code words —
@@ -80,8 +83,12 @@ typedef unsigned short u16;
 // g + 8, and the four scale bytes of those rows' blocks 2t, 2t + 1 in one 32-bit load.
 static_assert(TILE_ROWS == 16 && TILE_WORDS == 16 && TILE_BLOCKS == 8, "the lane mapping reads 16 x 16-word tiles");
 
-// The PTX primitives: an f16x2 / bf16x2 multiply, the m16n8k16 mma, conversions, asynchronous copies. A host build of this file
+// The PTX primitives: an f16x2 / bf16x2 multiply, the m16n8k16 mma (sm_75: m16n8k8), conversions, asynchronous
+// copies. A host build of this file
 // (tests/support/host_cuda.h, which runs the kernel on a CPU) defines WEIGHT_MMA_HOST and brings its own.
+#if MMA_K8 && BF16
+#error "sm_75 tensor cores have no bf16 mma: fp16 activations only"
+#endif
 #ifndef WEIGHT_MMA_HOST
 __device__ __forceinline__ u32 mul2(u32 a, u32 b) {
     u32 d;
@@ -93,6 +100,15 @@ __device__ __forceinline__ u32 mul2(u32 a, u32 b) {
     return d;
 }
 
+#if MMA_K8
+// sm_75's mma: A 16 x 8 (a0: row g, k 2t, 2t + 1; a1: row g + 8), B 8 x 8 (b0: k 2t, 2t + 1 of column g).
+__device__ __forceinline__ void mma1688(float* c, u32 a0, u32 a1, u32 b0) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+#else
 __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
 #if BF16
     asm volatile(
@@ -108,6 +124,7 @@ __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 #endif
 }
+#endif  // MMA_K8
 
 __device__ __forceinline__ float act_to_float(u16 bits) {
 #if BF16
@@ -119,6 +136,7 @@ __device__ __forceinline__ float act_to_float(u16 bits) {
 #endif
 }
 
+#if ASYNC_COPY
 // 16 / 8 bytes global -> shared without registers (sm_80+ cp.async; zero-filled where !valid), and the wait.
 __device__ __forceinline__ void copy_16_bytes_async(u32* dst, const u16* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
@@ -133,6 +151,18 @@ __device__ __forceinline__ void copy_8_bytes_async(u32* dst, const u16* src, boo
 __device__ __forceinline__ void wait_async_copies() {
     asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
 }
+#else
+// Before sm_80: the same copies through registers (zeros where !valid); nothing to wait for.
+__device__ __forceinline__ void copy_16_bytes_async(u32* dst, const u16* src, bool valid) {
+    *reinterpret_cast<uint4*>(dst) = valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+__device__ __forceinline__ void copy_8_bytes_async(u32* dst, const u16* src, bool valid) {
+    *reinterpret_cast<uint2*>(dst) = valid ? *reinterpret_cast<const uint2*>(src) : make_uint2(0u, 0u);
+}
+
+__device__ __forceinline__ void wait_async_copies() {}
+#endif
 
 __device__ __forceinline__ u16 float_to_out(float f) {
     u16 h;
@@ -144,6 +174,17 @@ __device__ __forceinline__ u16 float_to_out(float f) {
     return h;
 }
 #endif  // WEIGHT_MMA_HOST
+
+// One m16n8k16 product (fragments as mma16816 takes them): on sm_75 two m16n8k8 ones, k 0..7 (a0, a1, b0) then
+// k 8..15 (a2, a3, b1).
+__device__ __forceinline__ void mma_k16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if MMA_K8
+    mma1688(c, a0, a1, b0);
+    mma1688(c, a2, a3, b1);
+#else
+    mma16816(c, a0, a1, a2, a3, b0, b1);
+#endif
+}
 
 extern __shared__ __align__(16) u32 xs[];  // [M][xs_stride], 8-groups permuted (see above)
 __shared__ int is_last;  // split-K: this block arrived last for its row tile
@@ -449,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 const u32 a0 = decode_e4m3_pair(va, 0), a2 = decode_e4m3_pair(va, 1);
                 const u32 a1 = decode_e4m3_pair(vb, 0), a3 = decode_e4m3_pair(vb, 1);
 #pragma unroll
-                for (int b = 0; b < NT; ++b) mma16816(acc[a][b], a0, a1, a2, a3, bx[b].x, bx[b].y);
+                for (int b = 0; b < NT; ++b) mma_k16(acc[a][b], a0, a1, a2, a3, bx[b].x, bx[b].y);
             }
         }
 #else
@@ -471,8 +512,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 }
 #pragma unroll
                 for (int b = 0; b < NT; ++b) {
-                    mma16816(acc[a][b], ha[0], hb[0], ha[1], hb[1], bx[b].x, bx[b].y);
-                    mma16816(acc[a][b], ha[2], hb[2], ha[3], hb[3], bx[b].z, bx[b].w);
+                    mma_k16(acc[a][b], ha[0], hb[0], ha[1], hb[1], bx[b].x, bx[b].y);
+                    mma_k16(acc[a][b], ha[2], hb[2], ha[3], hb[3], bx[b].z, bx[b].w);
                 }
             }
         }

@@ -27,7 +27,8 @@ from . import nvrtc
 from .counters import COUNTER_SLOTS, reserve_counters
 from .weight_mma_defines import K_PER_WORD, STEP_K, XS_PAD, source_defines
 
-MIN_SM = 80
+MIN_SM = 75  # sm_75: fp16 activations, two m16n8k8 mmas per m16n8k16 product, staging copies through registers
+ASYNC_SM = 80  # sm_80+: the m16n8k16 mma (fp16 and bf16) and cp.async staging
 KERNEL = "anyfp4_weight_mma"
 
 
@@ -113,17 +114,19 @@ def early_launch(device: int) -> bool:
     return device_arch(device)[0] >= 90 and early_launch_allowed()
 
 
-def enabled(sm: int) -> bool:
-    """The CUDA kernel serves this GPU: sm_80+, NVRTC found, and ``ANYFP4_KERNELS`` allows it."""
+def enabled(sm: int, dtype: torch.dtype = torch.float16) -> bool:
+    """The CUDA kernel serves this GPU and activation dtype: sm_80+ (sm_75 for fp16), NVRTC found, and
+    ``ANYFP4_KERNELS`` allows it."""
     from ...env import kernel_choice
 
     choice = kernel_choice()
     if choice == "triton":
         return False
-    ok = sm >= MIN_SM and nvrtc.available()
+    ok = sm >= (ASYNC_SM if dtype == torch.bfloat16 else MIN_SM) and nvrtc.available()
     if choice == "cuda" and not ok:
-        raise RuntimeError(f"ANYFP4_KERNELS=cuda: the CUDA kernels need sm_{MIN_SM}+ and NVRTC "
-                           f"(this GPU is sm_{sm}, NVRTC {'found' if nvrtc.available() else 'not found'})")
+        raise RuntimeError(f"ANYFP4_KERNELS=cuda: the CUDA kernels need sm_{MIN_SM}+ (sm_{ASYNC_SM}+ for bf16) and "
+                           f"NVRTC (this GPU is sm_{sm}, NVRTC {'found' if nvrtc.available() else 'not found'}, "
+                           f"activations {str(dtype).replace('torch.', '')})")
     return ok
 
 
@@ -143,9 +146,10 @@ class Launch:
 def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
                 gscale: torch.Tensor, bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
                 out: torch.Tensor | None, out_dtype: torch.dtype | None, *, stage_bytes: int, early: bool,
-                counters: torch.Tensor | None) -> Launch:
+                counters: torch.Tensor | None, sm: int = ASYNC_SM) -> Launch:
     """Check the inputs and work out a launch; no GPU needed (``stage_bytes``: the shared memory a block may
-    stage activations in; ``counters``: the split-K arrival counters, all zero)."""
+    stage activations in; ``counters``: the split-K arrival counters, all zero; ``sm``: the GPU's architecture,
+    which picks the mma shape and the staging copies)."""
     m, k = x.shape
     if not 1 <= m <= DECODE_ROWS:
         raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {DECODE_ROWS}, got {m}")
@@ -182,7 +186,13 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
         raise ValueError(f"depth {c.depth} with {c.kw} K warps needs {shared} bytes of shared memory for {m} rows, "
                          f"more than the {stage_bytes} this GPU gives a block")
     bf16 = x.dtype == torch.bfloat16
-    defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"),
+    if sm < MIN_SM or (bf16 and sm < ASYNC_SM):
+        raise ValueError(f"the CUDA decode kernel runs on sm_{MIN_SM}+ (bf16 activations on sm_{ASYNC_SM}+), "
+                         f"not sm_{sm} with {x.dtype}")
+    if early and sm < 90:
+        raise ValueError("an early (programmatic dependent) launch needs sm_90+")
+    defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), MMA_K8=int(sm < ASYNC_SM),
+                   ASYNC_COPY=int(sm >= ASYNC_SM),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
                    GATED=int(gated), HAS_BIAS=int(bias is not None),
@@ -215,7 +225,7 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
     early = early_launch(device)
     counters = reserve_counters(x.device) if config.split_k > 1 else None
     plan = plan_launch(fmt, x, codes, block_scales, gscale, bias, n_rows, up_offset, config, out, out_dtype,
-                       stage_bytes=stage_bytes, early=early, counters=counters)
+                       stage_bytes=stage_bytes, early=early, counters=counters, sm=device_arch(device)[0])
     kernel = nvrtc.load(_source(), KERNEL, plan.defines, device, shared_memory=stage_bytes)
     kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
     return plan.out

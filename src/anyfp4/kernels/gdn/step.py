@@ -68,7 +68,7 @@ def conv_kernel(x_ptr, w_ptr, state_ptr, y_ptr, snap_ptr, T, channels, stride_xb
     if tb == 0:  # the new state: the last WIDTH - 1 inputs; slot j reads slot T + j > j (not yet rewritten)
         tl.debug_barrier()  # every thread of the program has read the old state
         for j in tl.static_range(WIDTH - 1):
-            src = T - (WIDTH - 1) + j
+            src = tl.zeros([BLOCK_C], dtype=tl.int32) + (T - (WIDTH - 1) + j)  # per channel (masks of one shape)
             inside = ch < channels
             from_x = tl.load(x_row + src * stride_xt + ch, mask=inside & (src >= 0), other=0.0)
             old = tl.load(state + ch * stride_sc + (src + WIDTH - 1), mask=inside & (src < 0), other=0.0)
