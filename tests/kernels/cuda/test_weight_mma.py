@@ -551,3 +551,16 @@ def test_chunked_prefill_gives_each_row_the_decode_bits(monkeypatch):
     for i in (0, 31, 32, 99):
         assert torch.equal(y[i:i + 1], linear(x[i:i + 1], p)), i
     assert rel_err(y, x.double() @ dequantize_nvfp4(w).double().t()) < 4e-3
+
+
+@needs_nvrtc
+def test_turings_variant_keeps_its_registers():
+    """sm_75's fp16 variant of the common M <= 8 family: ptxas reports no spills (benchmarks/probes/register_counts.py
+    lists every family)."""
+    import re
+
+    defines = dict(source_defines("nvfp4", "fp16"), FP8=0, NT=1, MT=1, WARPS=8, DEPTH=4, BF16=0, GATED=1, HAS_BIAS=0,
+                   OUT_F32=0, EARLY=0, VEC_X=1, SPLIT=4, KW=1, MMA_K8=1, ASYNC_COPY=0)
+    log = nvrtc.ptxas_report(weight_mma._source(), weight_mma.KERNEL, 75, defines)
+    assert "for 'sm_75'" in log and re.search(r"Used \d+ registers", log)
+    assert "0 bytes spill stores, 0 bytes spill loads" in log

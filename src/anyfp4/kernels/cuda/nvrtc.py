@@ -97,28 +97,45 @@ def _check_cuda(result: int, what: str) -> None:
         raise NVRTCError(f"CUDA {what} failed: {msg.value.decode() if msg.value else result}")
 
 
+def version() -> tuple[int, int]:
+    """NVRTC's (major, minor) version."""
+    lib = _nvrtc()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _check_nvrtc(lib, lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "version")
+    return major.value, minor.value
+
+
 def compile_cubin(source: str, name: str, sm: int, defines: dict[str, int]) -> bytes:
     """Compile ``source`` for ``sm_{sm}`` with ``#define``s prepended; returns the cubin."""
+    return _compile(source, name, sm, defines)[0]
+
+
+def ptxas_report(source: str, name: str, sm: int, defines: dict[str, int]) -> str:
+    """What ptxas says of the compiled kernel (registers, spill stores and loads, shared and stack bytes)."""
+    return _compile(source, name, sm, defines, [b"--ptxas-options=-v"])[1]
+
+
+def _compile(source: str, name: str, sm: int, defines: dict[str, int], extra: list[bytes] = ()) -> tuple[bytes, str]:
     lib = _nvrtc()
     text = "".join(f"#define {k} {int(v)}\n" for k, v in sorted(defines.items())) + source
     prog = ctypes.c_void_p()
     _check_nvrtc(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), f"{name}.cu".encode(), 0, None, None),
                  "create")
     try:
-        opts = [f"--gpu-architecture=sm_{sm}".encode(), b"--std=c++17", b"-default-device", b"--use_fast_math"]
+        opts = [f"--gpu-architecture=sm_{sm}".encode(), b"--std=c++17", b"-default-device", b"--use_fast_math",
+                *extra]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         res = lib.nvrtcCompileProgram(prog, len(opts), arr)
-        if res != 0:
-            size = ctypes.c_size_t()
-            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-            log = ctypes.create_string_buffer(size.value)
-            lib.nvrtcGetProgramLog(prog, log)
-            raise NVRTCError(f"compiling {name} for sm_{sm} ({defines}) failed:\n{log.value.decode()}")
         size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        if res != 0:
+            raise NVRTCError(f"compiling {name} for sm_{sm} ({defines}) failed:\n{log.value.decode()}")
         _check_nvrtc(lib, lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
         cubin = ctypes.create_string_buffer(size.value)
         _check_nvrtc(lib, lib.nvrtcGetCUBIN(prog, cubin), "cubin")
-        return cubin.raw
+        return cubin.raw, log.value.decode(errors="replace")
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
