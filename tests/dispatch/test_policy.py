@@ -104,3 +104,40 @@ def test_act_pack_auto_table():
 def test_an_unknown_format_is_an_error():
     with pytest.raises(ValueError, match="unknown weight format 'int4'"):
         choose_kernel("int4", 1, 90)
+
+
+def test_rows_keep_their_bits_only_on_the_cpu_and_the_cuda_kernel():
+    from anyfp4.dispatch.policy import decode_rows_invariant
+
+    assert decode_rows_invariant(None, False) and decode_rows_invariant(90, True)
+    assert not decode_rows_invariant(70, False)
+
+
+def test_speculation_refuses_a_path_whose_verify_rows_change_bits(monkeypatch):
+    """On a GPU without the CUDA decode kernel for the model's dtype (sm_70; bf16 on sm_75) quantized layers run
+    the Triton kernels, whose rows depend on M: speculation refuses, naming what it needs; sm_75 with fp16 and
+    sm_80 with bf16 go ahead."""
+    import torch
+
+    from anyfp4.formats.nvfp4 import quantize_nvfp4
+    from anyfp4.kernels import device
+    from anyfp4.kernels.cuda import nvrtc
+    from anyfp4.nn.linear import NVFP4Linear
+    from anyfp4.runtime.speculative import check_exact_verify
+
+    layer = NVFP4Linear(quantize_nvfp4(torch.randn(32, 64)), None, "cpu")
+
+    class OnAGpu(torch.nn.Module):
+        def __init__(self, dtype):
+            super().__init__()
+            self.layer, self.device, self.dtype = layer, torch.device("cuda", 0), dtype
+
+    monkeypatch.setattr(nvrtc, "available", lambda: True)
+    for sm, dtype, refused in ((70, torch.float16, True), (75, torch.bfloat16, True), (75, torch.float16, False),
+                               (80, torch.bfloat16, False)):
+        monkeypatch.setattr(device, "device_arch", lambda index=None, sm=sm: (sm, 40))
+        if refused:
+            with pytest.raises(NotImplementedError, match=f"sm_{sm} .* needs the CUDA decode kernels"):
+                check_exact_verify(OnAGpu(dtype))
+        else:
+            check_exact_verify(OnAGpu(dtype))

@@ -94,3 +94,11 @@ def choose_kernel(fmt: str, m: int, sm: int | None, *, mma_enabled: bool = False
     else:
         kernel = Kernel.DEQUANTIZE_CUBLAS
     return Choice(kernel, warning=warning)
+
+
+def decode_rows_invariant(sm: int | None, mma_enabled: bool) -> bool:
+    """Whether ``choose_kernel`` gives every call of up to DECODE_ROWS rows one kernel with one summation order
+    per row, so that a row's bits do not depend on M (what speculative verification relies on): the CPU's C
+    kernels and the CUDA decode kernel do; the Triton path does not (a GEMV at M = 1, the decode kernel or
+    dequantize + cuBLAS above, each M bucket with its own split)."""
+    return sm is None or mma_enabled

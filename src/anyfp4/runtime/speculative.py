@@ -100,6 +100,26 @@ class DraftModel:
         self.valid = seq_len_before + min(accepted, k - 1)
 
 
+def check_exact_verify(model: Transformer) -> None:
+    """Refuse speculation where a verify pass's rows would not get the bits of one-token steps: quantized layers
+    on a GPU whose decode calls the CUDA decode kernel does not take (``dispatch.policy.decode_rows_invariant``)."""
+    from ..nn.linear import FP8Linear, NVFP4Linear
+
+    if model.device.type != "cuda" or not any(isinstance(m, (NVFP4Linear, FP8Linear)) for m in model.modules()):
+        return
+    from ..dispatch.policy import decode_rows_invariant
+    from ..kernels.cuda import weight_mma
+    from ..kernels.device import device_arch
+
+    sm = device_arch(model.device.index if model.device.index is not None else torch.cuda.current_device())[0]
+    if not decode_rows_invariant(sm, weight_mma.enabled(sm, model.dtype)):
+        raise NotImplementedError(
+            f"speculative decoding of quantized layers on sm_{sm} with {str(model.dtype).replace('torch.', '')} "
+            f"activations: the Triton decode kernels give a verify pass's rows other bits than one-token steps, so "
+            f"its greedy text would not be plain decoding's; it needs the CUDA decode kernels (sm_80+, or sm_75 with "
+            f"--dtype fp16, NVRTC, ANYFP4_KERNELS not triton)")
+
+
 @torch.no_grad()
 def generate_speculative(model: Transformer, prompt: Sequence[int], params: SamplingParams, draft_tokens: int,
                          draft_model: Transformer | None = None,
@@ -115,6 +135,7 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
         raise NotImplementedError(f"a draft model with Gated DeltaNet layers ({draft_model.args.architecture}) is not "
                                   "supported: n-gram drafts, or a draft model without them")
     device = model.device
+    check_exact_verify(model)
     check_context(len(prompt), params.max_new_tokens, model.args.max_position_embeddings, draft_tokens)
     total = len(prompt) + params.max_new_tokens + draft_tokens + 1
     model.setup_caches(1, cache_slots(len(prompt), params.max_new_tokens, model.args.max_position_embeddings))
