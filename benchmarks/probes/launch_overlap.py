@@ -1,12 +1,15 @@
 """Do consecutive CUDA decode kernels overlap under programmatic dependent launch, and by how much? A chain of calls
-(each on its own rotated weight copy, M = 1) launched back to back, profiled (torch.profiler, CUPTI kernel records),
+(each on its own rotated weight copy, M = 1) captured in a CUDA graph and replayed, profiled (torch.profiler, CUPTI
+kernel records),
 with ``ANYFP4_EARLY_LAUNCH`` on and off: per call its kernel's duration and the gap from the previous kernel's end to
 its start (negative: the two ran at the same time).
 
     PYTHONPATH=src python benchmarks/probes/launch_overlap.py --out launch_overlap.json [--shapes 4096x4096 ...]
         [--calls 20]
 
-Not yet run on a GPU. The analysis (``chain_summary``) is a pure function of (start, end) intervals, tested on the CPU.
+2026-12-02, H200: run with the calls launched eagerly (not in a graph), the gaps were 160-380 us (the host's pace:
+the op's Python per call), so it says nothing of early launch; it now replays a captured graph (not yet run so).
+The analysis (``chain_summary``) is a pure function of (start, end) intervals, tested on the CPU.
 """
 
 from __future__ import annotations
@@ -54,8 +57,13 @@ def profiled_chain(n: int, k: int, calls: int, device) -> list[tuple[float, floa
 
     chain()  # compiled and loaded
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    graph = torch.cuda.CUDAGraph()  # replayed as a decode step is: launched eagerly, the host sets the pace
+    with torch.cuda.graph(graph):
         chain()
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type.name == "CUDA" and e.name.startswith(KERNEL_PREFIX)]
     return [(e.time_range.start, e.time_range.end) for e in events]
