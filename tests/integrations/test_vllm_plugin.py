@@ -67,12 +67,59 @@ def test_fused_parts_must_agree():
         cfg.format_of("model.layers.0.self_attn.qkv_proj")
 
 
-def anyfp4_greedy(ckpt, prompt, n):
+def anyfp4_greedy(ckpt, prompt, n, dtype=torch.float32):
     from anyfp4.runtime.generate import SamplingParams, generate
     from anyfp4.runtime.loader import load_model
 
-    model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    model, _ = load_model(ckpt, "cpu", dtype, progress=False)
     return generate(model, [prompt], SamplingParams(max_new_tokens=n))[0]
+
+
+def vision_stub_if_needed():
+    """vLLM's Qwen3.5 imports its Qwen3-VL code, which imports torchvision at module level (through transformers);
+    this environment has none that loads against CPU torch. Text-only models never call it: a stand-in module
+    (tests/support/stubs) lets the import through."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support" / "stubs"))
+
+
+@pytest.fixture(scope="module")
+def hybrids(tmp_path_factory):
+    """A tiny Qwen3.5 hybrid (vLLM's CPU Gated DeltaNet kernel wants heads of 128 and bf16), bf16 and quantized."""
+    from helpers import save_random_qwen3_5, tiny_qwen3_5_config
+
+    root = tmp_path_factory.mktemp("vllm_hybrid")
+    config = tiny_qwen3_5_config(128, head_dim=64, linear_key_head_dim=128, linear_value_head_dim=128,
+                                 max_position_embeddings=256)
+    src = save_random_qwen3_5(root / "src", config)
+    out = {fmt: quantize_checkpoint(src, root / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+           for fmt in ("mixed", "nvfp4")}
+    out["bf16"] = src
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["mixed", "nvfp4"])
+def test_vllm_serves_a_qwen3_5_hybrid_as_the_runner_does(hybrids, fmt):
+    """vLLM's own Qwen3.5 (its CPU Gated DeltaNet kernels, bf16) with the plugin's linears — the fused in_proj_qkvz of
+    the checkpoint's in_proj_qkv / in_proj_z, in_proj_ba left in bf16 — gives the greedy tokens of anyfp4's runner."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    vision_stub_if_needed()
+    plugin.register()
+    before = dict(plugin.APPLY_CALLS)
+    prompt = [5, 17, 42, 7, 99, 3, 64, 12]
+    llm = LLM(model=str(hybrids[fmt]), quantization="anyfp4", dtype="bfloat16", skip_tokenizer_init=True,
+              enforce_eager=True, max_model_len=128, max_num_seqs=4, seed=0, kv_cache_memory_bytes=64 * 1024**2)
+    out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(temperature=0.0, max_tokens=12,
+                                                                             detokenize=False))
+    tokens = list(out[0].outputs[0].token_ids)
+    del llm
+    assert tokens == anyfp4_greedy(hybrids[fmt], prompt, 12, torch.bfloat16)
+    ran = {k: plugin.APPLY_CALLS[k] - before[k] for k in before}
+    assert ran["nvfp4"] > 0 and (ran["fp8"] > 0) == (fmt == "mixed"), ran
 
 
 @pytest.fixture(scope="module")

@@ -118,9 +118,12 @@ class AnyFP4Config(QuantizationConfig):
         return None
 
     def format_of(self, prefix: str) -> WeightFormat:
-        """The weight format of the vLLM module ``prefix`` (fused modules: all parts must agree)."""
+        """The weight format of the vLLM module ``prefix`` (fused modules: all parts must agree). The parts of a
+        fused module come from the model's ``packed_modules_mapping`` (vLLM sets it on the config before the model
+        is built), else from ``FUSED_PARTS``."""
         parent, _, leaf = prefix.rpartition(".")
-        parts = [f"{parent}.{p}" if parent else p for p in FUSED_PARTS.get(leaf, (leaf,))]
+        packed = getattr(self, "packed_modules_mapping", None) or {}
+        parts = [f"{parent}.{p}" if parent else p for p in packed.get(leaf, FUSED_PARTS.get(leaf, (leaf,)))]
         formats = {self.scheme.format_of(p) for p in parts}
         if len(formats) > 1:
             raise ValueError(f"anyfp4: the parts of {prefix} ({', '.join(parts)}) have different formats "
