@@ -132,16 +132,16 @@ inline unsigned mul2(unsigned a, unsigned b) {  // mul.rn.f16x2 / fma.rn.bf16x2 
     return out;
 }
 
-inline void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    // A (16 x 16, row-major): lane (g, t) holds a0 = (row g, k 2t, 2t + 1), a1 = (g + 8, same k),
-    // a2 = (g, k 2t + 8, 2t + 9), a3 = (g + 8, those k). B (16 x 8): b0 = (k 2t, 2t + 1; column g),
-    // b1 = (k 2t + 8, 2t + 9; column g). C: c0, c1 = (row g; columns 2t, 2t + 1), c2, c3 = (row g + 8; same).
+// One warp's mma of K = 8 or 16: every lane publishes its A (na registers) and B (nb registers) fragments, then
+// computes its C from the PTX layouts. A (16 x K, row-major): lane (g, t) holds a0 = (row g, k 2t, 2t + 1),
+// a1 = (g + 8, same k), for K = 16 also a2 = (g, k 2t + 8, 2t + 9), a3 = (g + 8, those k). B (K x 8): b0 = (k 2t,
+// 2t + 1; column g), for K = 16 also b1 = (k 2t + 8, 2t + 9; column g). C: c0, c1 = (row g; columns 2t, 2t + 1),
+// c2, c3 = (row g + 8; same). The sums are exact (double) and rounded to float32 once per mma.
+inline void warp_mma(float* c, const unsigned* a, int na, const unsigned* b, int nb, int K) {
     const int tid = (int)threadIdx.x, lane = tid & 31;
     host::WarpFragments& w = host::warps[tid >> 5];
-    const unsigned mine_a[4] = {a0, a1, a2, a3};
-    for (int i = 0; i < 4; ++i) w.a[lane][i] = mine_a[i];
-    w.b[lane][0] = b0;
-    w.b[lane][1] = b1;
+    for (int i = 0; i < na; ++i) w.a[lane][i] = a[i];
+    for (int i = 0; i < nb; ++i) w.b[lane][i] = b[i];
     host::wait(host::AT_WARP);
     auto a_at = [&](int row, int k) {
         const unsigned r = w.a[(row & 7) * 4 + (k & 7) / 2][(row >> 3) + 2 * (k >> 3)];
@@ -156,40 +156,21 @@ inline void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a
     for (int i = 0; i < 4; ++i) {
         const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
         double sum = c[i];
-        for (int k = 0; k < 16; ++k) sum += (double)a_at(row, k) * (double)b_at(k, col);
+        for (int k = 0; k < K; ++k) sum += (double)a_at(row, k) * (double)b_at(k, col);
         d[i] = (float)sum;
     }
     host::wait(host::AT_WARP);  // every lane has read the fragments before any lane's next mma writes them
     for (int i = 0; i < 4; ++i) c[i] = d[i];
 }
 
-inline void mma1688(float* c, unsigned a0, unsigned a1, unsigned b0) {
-    // sm_75's m16n8k8 (fp16): A (16 x 8, row-major): lane (g, t) holds a0 = (row g, k 2t, 2t + 1), a1 = (g + 8,
-    // same k). B (8 x 8): b0 = (k 2t, 2t + 1; column g). C as for m16n8k16.
-    const int tid = (int)threadIdx.x, lane = tid & 31;
-    host::WarpFragments& w = host::warps[tid >> 5];
-    w.a[lane][0] = a0;
-    w.a[lane][1] = a1;
-    w.b[lane][0] = b0;
-    host::wait(host::AT_WARP);
-    auto a_at = [&](int row, int k) {
-        const unsigned r = w.a[(row & 7) * 4 + k / 2][row >> 3];
-        return (k & 1) ? host::hi(r, BF16) : host::lo(r, BF16);
-    };
-    auto b_at = [&](int k, int col) {
-        const unsigned r = w.b[col * 4 + k / 2][0];
-        return (k & 1) ? host::hi(r, BF16) : host::lo(r, BF16);
-    };
-    const int g = lane >> 2, t = lane & 3;
-    float d[4];
-    for (int i = 0; i < 4; ++i) {
-        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-        double sum = c[i];
-        for (int k = 0; k < 8; ++k) sum += (double)a_at(row, k) * (double)b_at(k, col);
-        d[i] = (float)sum;
-    }
-    host::wait(host::AT_WARP);  // every lane has read the fragments before any lane's next mma writes them
-    for (int i = 0; i < 4; ++i) c[i] = d[i];
+inline void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    const unsigned a[4] = {a0, a1, a2, a3}, b[2] = {b0, b1};
+    warp_mma(c, a, 4, b, 2, 16);
+}
+
+inline void mma1688(float* c, unsigned a0, unsigned a1, unsigned b0) {  // sm_75's m16n8k8 (fp16)
+    const unsigned a[2] = {a0, a1};
+    warp_mma(c, a, 2, &b0, 1, 8);
 }
 
 inline void copy_async(unsigned* dst, const unsigned short* src, bool valid, unsigned bytes) {  // done at once
