@@ -35,9 +35,9 @@ def test_conv_and_norm_ops():
     gen = torch.Generator().manual_seed(41)
     x, w = torch.randn(2, 3, 6, generator=gen), torch.randn(6, 4, generator=gen)
     state = torch.randn(2, 6, 3, generator=gen)
-    torch.library.opcheck(torch.ops.anyfp4.causal_conv, (x, w, state.clone()))
+    torch.library.opcheck(torch.ops.anyfp4.causal_conv, (x, w, state.clone(), None))
     s1, s2 = state.clone(), state.clone()
-    assert torch.equal(torch.ops.anyfp4.causal_conv(x, w, s1), causal_conv(x, w, s2)) and torch.equal(s1, s2)
+    assert torch.equal(torch.ops.anyfp4.causal_conv(x, w, s1, None), causal_conv(x, w, s2)) and torch.equal(s1, s2)
     z, nw = torch.randn(2, 3, 6, generator=gen), torch.randn(6, generator=gen)
     torch.library.opcheck(torch.ops.anyfp4.gated_rms_norm, (x, z, nw, 1e-6))
     assert torch.equal(torch.ops.anyfp4.gated_rms_norm(x, z, nw, 1e-6), gated_rms_norm(x, z, nw, 1e-6))
@@ -52,7 +52,7 @@ def step_args(t=3, gen_seed=42):
                 b=torch.randn(2, t, hv, generator=gen), z=torch.randn(2, t, hv * dv, generator=gen),
                 neg_a=-torch.rand(hv, generator=gen), dt_bias=torch.randn(hv, generator=gen),
                 norm_weight=torch.randn(dv, generator=gen), state=torch.randn(2, hv, dk, dv, generator=gen), eps=1e-6,
-                k_heads=hk)
+                k_heads=hk, valid=None, snapshots=None)
 
 
 def test_gated_delta_step_op_keeps_snapshots():
@@ -63,14 +63,14 @@ def test_gated_delta_step_op_keeps_snapshots():
     torch.library.opcheck(torch.ops.anyfp4.gated_delta_step, (), {**args, "state": args["state"].clone(),
                                                                   "snapshots": snaps.clone()})
     state = args["state"].clone()
-    torch.ops.anyfp4.gated_delta_step(**{**args, "state": state}, snapshots=snaps)
+    torch.ops.anyfp4.gated_delta_step(**{**args, "state": state, "snapshots": snaps})
     assert torch.equal(snaps[:, 2], state) and not snaps[:, 3].any()
     prefix = args["state"].clone()
     part = {k: args[k][:, :2] for k in ("mixed", "a", "b", "z")}
     torch.ops.anyfp4.gated_delta_step(**{**args, **part, "state": prefix})
     assert torch.equal(snaps[:, 1], prefix)
     with pytest.raises(ValueError, match=r"gated_delta_step: snapshots \(2, 2, 4, 8, 8\) .* do not hold 3 copies"):
-        torch.ops.anyfp4.gated_delta_step(**{**args, "state": state}, snapshots=snaps[:, :2])
+        torch.ops.anyfp4.gated_delta_step(**{**args, "state": state, "snapshots": snaps[:, :2]})
     conv_snaps = torch.zeros(2, 3, 6, 3)
     x, w, cstate = torch.randn(2, 3, 6), torch.randn(6, 4), torch.randn(2, 6, 3)
     torch.ops.anyfp4.causal_conv(x, w, cstate, conv_snaps)

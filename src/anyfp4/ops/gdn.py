@@ -54,8 +54,10 @@ def _(q, k, v, g, beta, state, chunk):
     return v.new_empty(v.shape)
 
 
+# The optional mutated arguments below have no defaults: torch 2.11's in-place bookkeeping indexes a mutated
+# argument by its place in the schema, and a call that leaves it at its default arrives without it (IndexError).
 @torch.library.custom_op("anyfp4::causal_conv", mutates_args=("conv_state", "snapshots"))
-def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor, snapshots: Tensor | None = None) -> Tensor:
+def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor, snapshots: Tensor | None) -> Tensor:
     """silu of the depthwise causal convolution of x (b, t, channels) with weight (channels, kernel), continuing
     from ``conv_state`` (b, channels, kernel - 1), which is left holding the last kernel - 1 inputs; ``snapshots``
     (b, >= t, channels, kernel - 1) receives it after each token."""
@@ -81,14 +83,14 @@ def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor, snapshots: Tensor
 
 
 @causal_conv.register_fake
-def _(x, weight, conv_state, snapshots=None):
+def _(x, weight, conv_state, snapshots):
     return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("anyfp4::gated_delta_step", mutates_args=("state", "snapshots"))
 def gated_delta_step(mixed: Tensor, a: Tensor, b: Tensor, z: Tensor, neg_a: Tensor, dt_bias: Tensor,
                      norm_weight: Tensor, state: Tensor, eps: float, k_heads: int,
-                     valid: Tensor | None = None, snapshots: Tensor | None = None) -> Tensor:
+                     valid: Tensor | None, snapshots: Tensor | None) -> Tensor:
     """The tokens after the convolution (``reference.gated_delta_step``): mixed (b, t, 2 hk dk + hv dv), a / b
     (b, t, hv), z (b, t, hv dv), ``neg_a`` = -exp(A_log) and ``dt_bias`` (hv,) float32, ``norm_weight`` (dv,),
     ``state`` (b, hv, dk, dv) float32 advanced in place, ``valid`` (b, t) 0 on left padding, ``snapshots``
@@ -129,7 +131,7 @@ def gated_delta_step(mixed: Tensor, a: Tensor, b: Tensor, z: Tensor, neg_a: Tens
 
 
 @gated_delta_step.register_fake
-def _(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid=None, snapshots=None):
+def _(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid, snapshots):
     return mixed.new_empty(mixed.shape[0], mixed.shape[1], z.shape[-1])
 
 
