@@ -63,11 +63,17 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 MAX_DRAFT_TOKENS = 16
 
 
+CACHE_SLOT_BLOCK = 256  # KV-cache lengths are whole blocks of this many slots
+
+
 def cache_slots(prompt_len: int, max_new_tokens: int, limit: int) -> int:
     """KV-cache slots for one generation: prompt, new tokens and room for a speculative verify pass past
-    the last token. Plain and speculative decoding allocate the same, so they run the same shapes (the
-    same prefill bits) and a second generation of the same size reuses the cache and its CUDA graphs."""
-    return min(prompt_len + max_new_tokens + MAX_DRAFT_TOKENS + 1, limit)
+    the last token, rounded up to whole CACHE_SLOT_BLOCKs (at most ``limit``). Plain and speculative decoding
+    allocate the same, so they run the same shapes (the same prefill bits), and later generations of about the
+    same length (a chat's turns, a warm-up before a timed run) reuse the cache and the CUDA graphs captured over
+    it instead of capturing them again."""
+    need = prompt_len + max_new_tokens + MAX_DRAFT_TOKENS + 1
+    return min(-(-need // CACHE_SLOT_BLOCK) * CACHE_SLOT_BLOCK, limit)
 
 
 def check_context(prompt_len: int, max_new_tokens: int, context: int, draft_tokens: int = 0) -> None:

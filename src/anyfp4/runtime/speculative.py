@@ -138,7 +138,8 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
     check_exact_verify(model)
     check_context(len(prompt), params.max_new_tokens, model.args.max_position_embeddings, draft_tokens)
     total = len(prompt) + params.max_new_tokens + draft_tokens + 1
-    model.setup_caches(1, cache_slots(len(prompt), params.max_new_tokens, model.args.max_position_embeddings))
+    slots = cache_slots(len(prompt), params.max_new_tokens, model.args.max_position_embeddings)
+    model.setup_caches(1, slots)
     model.setup_snapshots(draft_tokens + 1)  # Gated DeltaNet layers: back to a verify step's accepted prefix
     if draft_model is not None and mtp is not None:
         raise ValueError("draft from a draft model or from the MTP head, not both")
@@ -147,7 +148,7 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
         drafter.start(total)
     heads = MTPDrafter(mtp, model) if mtp is not None else None
     if heads is not None:
-        heads.start(total)
+        heads.start(slots)  # the model's length: later generations of about this one's reuse the head's graphs
     stats = SpecStats()
     greedy = params.temperature == 0
     generator = None
