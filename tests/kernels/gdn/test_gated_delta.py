@@ -93,18 +93,21 @@ def test_matches_transformers_qwen3_5_functions():
     hf = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
     gen = torch.Generator().manual_seed(7)
     q, k, v, g, beta, state = inputs(gen, t=50)
+    # key heads repeated for the value heads that share them (older transformers take them so, newer ones
+    # repeat them themselves)
+    hq, hk = (t.repeat_interleave(v.shape[2] // k.shape[2], dim=2) for t in (q, k))
     for initial in (None, state):
         s = torch.zeros_like(state) if initial is None else initial.clone()
         mine = gated_delta_chunked(q, k, v, g, beta, s, chunk=16)
         theirs, their_state = hf.torch_chunk_gated_delta_rule(
-            q, k, v, g=g, beta=beta, chunk_size=64, initial_state=initial, output_final_state=True,
+            hq, hk, v, g=g, beta=beta, chunk_size=64, initial_state=initial, output_final_state=True,
             use_qk_l2norm_in_kernel=True)
         assert close(mine, theirs, 1e-4) and close(s, their_state, 1e-4)
         one = slice(0, 1)
         s = torch.zeros_like(state) if initial is None else initial.clone()
         mine = gated_delta_recurrent(q[:, one], k[:, one], v[:, one], g[:, one], beta[:, one], s)
         theirs, their_state = hf.torch_recurrent_gated_delta_rule(
-            q[:, one], k[:, one], v[:, one], g=g[:, one], beta=beta[:, one], initial_state=initial,
+            hq[:, one], hk[:, one], v[:, one], g=g[:, one], beta=beta[:, one], initial_state=initial,
             output_final_state=True, use_qk_l2norm_in_kernel=True)
         assert close(mine, theirs, 1e-5) and close(s, their_state, 1e-5)
 
