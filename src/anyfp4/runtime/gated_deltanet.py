@@ -79,16 +79,22 @@ class GatedDeltaNet(nn.Module):
         self.snap_conv = self.conv_state.new_zeros(b, tokens, *self.conv_state.shape[1:])
         self.snap_recurrent = self.recurrent_state.new_zeros(b, tokens, *self.recurrent_state.shape[1:])
 
-    def keep_states(self, tokens: int, step_tokens: int) -> None:
-        """The states as after the first ``tokens`` tokens of the last step, of ``step_tokens`` tokens (told, not
-        remembered: a replayed CUDA graph runs no Python)."""
+    def kept_states(self, tokens: int, step_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The copies (state, its snapshot) that put the states as after the first ``tokens`` tokens of the last
+        step, of ``step_tokens`` tokens (told, not remembered: a replayed CUDA graph runs no Python)."""
         capacity = 0 if self.snap_recurrent is None else self.snap_recurrent.shape[1]
         if not 1 <= tokens <= step_tokens <= capacity:
             raise ValueError(f"cannot keep the states after {tokens} of {step_tokens} tokens: snapshots are kept for "
                              f"steps of up to {capacity} (setup_snapshots)")
-        if tokens < step_tokens:
-            self.conv_state.copy_(self.snap_conv[:, tokens - 1])
-            self.recurrent_state.copy_(self.snap_recurrent[:, tokens - 1])
+        if tokens == step_tokens:
+            return []
+        return [(self.conv_state, self.snap_conv[:, tokens - 1]),
+                (self.recurrent_state, self.snap_recurrent[:, tokens - 1])]
+
+    def keep_states(self, tokens: int, step_tokens: int) -> None:
+        """The states as after the first ``tokens`` tokens of the last step, of ``step_tokens`` tokens."""
+        for state, snapshot in self.kept_states(tokens, step_tokens):
+            state.copy_(snapshot)
 
     def forward(self, x: torch.Tensor, cos=None, sin=None, mask: torch.Tensor | None = None,
                 input_pos: torch.Tensor | None = None) -> torch.Tensor:
