@@ -39,7 +39,13 @@ def test_encode_matches_torch_on_random_and_edge_values():
     edges = torch.tensor([448.0, 463.9, 464.0, 500.0, 1e9, float("inf"), -float("inf"), float("nan"), -0.0, 0.0,
                           2.0**-10, 2.0**-10 * 1.0001, 3 * 2.0**-11, 2.0**-11, 2.0**-6, 2.0**-6 * (1 - 2**-5)])
     x = torch.cat([x, edges, -edges])
-    assert torch.equal(e4m3_encode(x), x.to(torch.float8_e4m3fn).view(torch.uint8))
+    # torch's own cast is the reference where it rounds to a finite value (beyond, its versions disagree)
+    rounds = x.abs() < 464
+    assert rounds.sum() > 150_000
+    assert torch.equal(e4m3_encode(x[rounds]), x[rounds].to(torch.float8_e4m3fn).view(torch.uint8))
+    over = x[(x.abs() >= 464) & ~x.isnan()]
+    assert len(over) > 1000 and torch.equal(e4m3_encode(over), torch.where(over > 0, 0x7E, 0xFE).to(torch.uint8))
+    assert e4m3_encode(torch.tensor([float("nan")])).item() == 0x7F
 
 
 def test_encode_ties_go_to_even():

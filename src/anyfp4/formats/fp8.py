@@ -52,8 +52,9 @@ def e4m3_encode(x: torch.Tensor) -> torch.Tensor:
     """Round float values to E4M3 bytes (uint8): round-to-nearest, ties-to-even, saturating.
 
     Magnitudes beyond 448 (infinities included) saturate to +-448 and NaN maps to
-    ``0x7F``, the sign is kept (-0.0 -> 0x80). This is exactly what
-    ``x.to(torch.float8_e4m3fn)`` does, which the tests check for every case.
+    ``0x7F``, the sign is kept (-0.0 -> 0x80). Below 464 (what rounds to 448 or less) this is exactly what
+    ``x.to(torch.float8_e4m3fn)`` does, which the tests check; beyond it torch's cast saturates in some
+    versions (2.13) and gives NaN in others (2.11's CPU build), so the saturation is this function's own.
     """
     xf = x.to(torch.float32)
     grid = _e4m3_positive_grid().to(xf.device)
