@@ -140,10 +140,12 @@ def support_kernels_compile(cc):
             compile_for(small_attention_merge_kernel, merge_sig, {"BLOCK_D": block_d, "BLOCK_S": 64}, cc)
         rope_sig = {**{n: f"*{act}" for n in ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "kc_ptr", "vc_ptr")},
                     "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64",
-                    **{n: "i32" for n in ("T", "H", "HALF", "sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b",
+                    **{n: "i32" for n in ("T", "H", "HALF", "HD", "sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b",
                                           "sv_t", "sv_h", "sc_b", "sc_t", "sqo_b", "sqo_t", "sqo_h", "skc_b",
                                           "skc_h", "skc_s", "svc_b", "svc_h", "svc_s")}}
-        compile_for(rope_cache_kernel, rope_sig, {"BLOCK": 64, "INTERPRET": False}, cc, num_warps=1)
+        for block, block_hd in ((64, 128), (32, 256)):  # full rotary, and Qwen3.5's quarter of a 256-wide head
+            compile_for(rope_cache_kernel, rope_sig, {"BLOCK": block, "BLOCK_HD": block_hd, "INTERPRET": False}, cc,
+                        num_warps=1)
         gdn_kernels_compile(act, cc)
         for bias in (False, True):
             compile_for(dense_gemv_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "bias_ptr": f"*{act}",

@@ -53,6 +53,9 @@ def rope_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cach
         raise TypeError("rope_cache: cos and sin must be float32")
     if k.shape[-1] != q.shape[-1] or k_cache.shape[1] != k.shape[2] or k_cache.shape[-1] != q.shape[-1]:
         raise ValueError(f"rope_cache: q {tuple(q.shape)}, k {tuple(k.shape)} and cache {tuple(k_cache.shape)} disagree")
+    if cos.shape[-1] % 2 or cos.shape[-1] > q.shape[-1]:
+        raise ValueError(f"rope_cache: rotary tables {tuple(cos.shape)} must be even-wide and at most head_dim "
+                         f"{q.shape[-1]}")
     if q.device.type == "cuda":
         from ..kernels.glue.rope_cache import rope_cache as run
 

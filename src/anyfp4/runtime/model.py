@@ -42,17 +42,6 @@ def attend_small(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     return torch.matmul(p, v).reshape(b, h, t, hd)
 
 
-def rotate_leading(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Partial rotary embedding: the first cos.shape[-1] dims of each head of x (b, t, h, hd) rotated ("rotate
-    half" within them), the rest passed through; cos / sin (b or 1, t, rotary dims) float32; x's dtype out."""
-    rd = cos.shape[-1]
-    xf = x.float()
-    rot, rest = xf[..., :rd], xf[..., rd:]
-    half = rd // 2
-    turned = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-    return torch.cat((rot * cos[:, :, None] + turned * sin[:, :, None], rest), dim=-1).to(x.dtype)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, weight: torch.Tensor, eps: float):
         super().__init__()
@@ -113,17 +102,11 @@ class Attention(nn.Module):
         v = v.view(b, t, a.num_kv_heads, a.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if a.rope_dim < a.head_dim:  # partial rotary: rotated here, k and v written to the caches as they are
-            q, k = rotate_leading(q, cos[:, 0], sin[:, 0]), rotate_leading(k, cos[:, 0], sin[:, 0])
-            self.k_cache.index_copy_(2, input_pos, k.to(self.k_cache.dtype).transpose(1, 2))
-            self.v_cache.index_copy_(2, input_pos, v.to(self.v_cache.dtype).transpose(1, 2))
-            q = q.transpose(1, 2)
-        else:
-            # Rotary embedding of q and k, k and v into the caches: one launch on CUDA. Under torch.compile its
-            # pure-torch definition is traced instead (fused by the compiler; the caches stay plain in-place
-            # updates, with no functionalized copies of them).
-            rope = rope_cache_reference if torch.compiler.is_compiling() else torch.ops.anyfp4.rope_cache
-            q = rope(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos).transpose(1, 2)
+        # Rotary embedding of q and k (of their first rope_dim dims when the rotary is partial), k and v into the
+        # caches: one launch on CUDA. Under torch.compile its pure-torch definition is traced instead (fused by
+        # the compiler; the caches stay plain in-place updates, with no functionalized copies of them).
+        rope = rope_cache_reference if torch.compiler.is_compiling() else torch.ops.anyfp4.rope_cache
+        q = rope(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos).transpose(1, 2)
         y = self.attend(q, mask, input_pos)  # (b, t, h * hd)
         if gate is not None:
             y = y * per_row(torch.sigmoid, gate)

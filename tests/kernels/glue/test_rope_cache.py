@@ -1,6 +1,7 @@
 """The rotary-embedding + KV-cache-write kernel against its pure-torch definition (Triton's interpreter
 on the CPU, the kernel on a GPU): q/k/v as views of one fused projection output, rope tables shared or
-per sequence, NaN-poisoned output and caches (slots not written must keep their NaNs)."""
+per sequence, full and partial rotary (the tables narrower than a head: the rest passes through), NaN-poisoned
+output and caches (slots not written must keep their NaNs)."""
 
 import pytest
 import torch
@@ -10,8 +11,8 @@ from anyfp4.kernels.glue.reference import rope_cache_reference
 from anyfp4.kernels.glue.rope_cache import rope_cache
 
 
-def tables(b, t, hd, start, device, per_sequence):
-    inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+def tables(b, t, rd, start, device, per_sequence):
+    inv = 1.0 / (10000 ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
     pos = torch.arange(start, start + t, dtype=torch.float32)[None].repeat(b if per_sequence else 1, 1)
     if per_sequence:
         pos = pos - torch.arange(b, dtype=torch.float32)[:, None]  # left padding shifts a row's positions
@@ -20,14 +21,15 @@ def tables(b, t, hd, start, device, per_sequence):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("b,t,h,kvh,hd,per_sequence", [(1, 1, 4, 2, 64, False), (2, 5, 3, 1, 48, True),
-                                                       (1, 9, 2, 2, 128, False)])
-def test_matches_reference(device, dtype, b, t, h, kvh, hd, per_sequence):
-    gen = torch.Generator().manual_seed(b * 100 + t * 10 + hd)
+@pytest.mark.parametrize("b,t,h,kvh,hd,rd,per_sequence", [(1, 1, 4, 2, 64, 64, False), (2, 5, 3, 1, 48, 48, True),
+                                                          (1, 9, 2, 2, 128, 128, False), (1, 1, 4, 1, 256, 64, False),
+                                                          (2, 3, 2, 1, 80, 32, True)])
+def test_matches_reference(device, dtype, b, t, h, kvh, hd, rd, per_sequence):
+    gen = torch.Generator().manual_seed(b * 100 + t * 10 + hd + rd)
     fused = torch.randn(b, t, (h + 2 * kvh) * hd, generator=gen).to(device=device, dtype=dtype)
     q, k, v = fused.split([h * hd, kvh * hd, kvh * hd], dim=-1)
     q, k, v = q.view(b, t, h, hd), k.view(b, t, kvh, hd), v.view(b, t, kvh, hd)
-    cos, sin = tables(b, t, hd, 7, device, per_sequence)
+    cos, sin = tables(b, t, rd, 7, device, per_sequence)
     pos = torch.arange(7, 7 + t, device=device)
     caches = [torch.full((b, kvh, 20, hd), float("nan"), dtype=dtype, device=device) for _ in range(4)]
     q_out = torch.full((b, t, h, hd), float("nan"), dtype=dtype, device=device)
@@ -36,6 +38,8 @@ def test_matches_reference(device, dtype, b, t, h, kvh, hd, per_sequence):
     assert got.data_ptr() == q_out.data_ptr() and not got.isnan().any()
     tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(got.float(), want.float(), **tol)
+    assert torch.equal(got[..., rd:], q[..., rd:]) and not torch.equal(got[..., :rd], q[..., :rd])
+    assert torch.equal(caches[0][:, :, 7:7 + t, rd:], k[..., rd:].transpose(1, 2))
     for ours, ref in ((caches[0], caches[2]), (caches[1], caches[3])):
         written = ours[:, :, 7:7 + t]
         assert not written.isnan().any()
@@ -49,5 +53,15 @@ def test_the_op_refuses_half_precision_tables(device):
     cache = torch.zeros(1, 1, 4, 16, dtype=torch.float16, device=device)
     cos = torch.ones(1, 1, 16, dtype=torch.float16, device=device)
     with pytest.raises(TypeError, match="cos and sin must be float32"):
+        torch.ops.anyfp4.rope_cache(q, k, v, cos, cos, cache, cache.clone(), torch.zeros(1, dtype=torch.long,
+                                                                                          device=device))
+
+
+def test_the_op_refuses_tables_wider_than_a_head(device):
+    q = torch.zeros(1, 1, 2, 16, device=device)
+    k = v = torch.zeros(1, 1, 1, 16, device=device)
+    cache = torch.zeros(1, 1, 4, 16, device=device)
+    cos = torch.ones(1, 1, 18, device=device)
+    with pytest.raises(ValueError, match=r"rotary tables \(1, 1, 18\) must be even-wide and at most head_dim 16"):
         torch.ops.anyfp4.rope_cache(q, k, v, cos, cos, cache, cache.clone(), torch.zeros(1, dtype=torch.long,
                                                                                           device=device))

@@ -22,13 +22,17 @@ def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.T
 
 
 def rope_cache_reference(q, k, v, cos, sin, k_cache, v_cache, input_pos):
-    """q (b, t, h, hd), k/v (b, t, kvh, hd), cos/sin (b or 1, t, hd) float32 -> q rotated (b, t, h, hd);
-    k rotated and v written to the caches (b, kvh, S, hd) at slots ``input_pos``."""
+    """q (b, t, h, hd), k/v (b, t, kvh, hd), cos/sin (b or 1, t, rd) float32, rd <= hd -> q rotated (b, t, h, hd);
+    k rotated and v written to the caches (b, kvh, S, hd) at slots ``input_pos``. The first rd dims of a head
+    are rotated (partial rotary when rd < hd), the rest pass through."""
+    rd = cos.shape[-1]
+
     def rot(x):
-        half = x.shape[-1] // 2
         xf = x.float()
-        rh = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-        return xf * cos[:, :, None] + rh * sin[:, :, None]
+        inner, rest = xf[..., :rd], xf[..., rd:]
+        half = rd // 2
+        rh = torch.cat((-inner[..., half:], inner[..., :half]), dim=-1)
+        return torch.cat((inner * cos[:, :, None] + rh * sin[:, :, None], rest), dim=-1)
 
     q_out = rot(q).to(k_cache.dtype)
     k_cache.index_copy_(2, input_pos, rot(k).to(k_cache.dtype).transpose(1, 2))

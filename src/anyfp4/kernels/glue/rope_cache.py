@@ -1,10 +1,11 @@
 """Rotary embedding of q and k and the KV-cache write of k and v, in one launch (on CUDA replacing
-torch's ~14 elementwise / copy kernels per layer).
+torch's ~14 elementwise / copy kernels per layer, or ~12 of a partial rotary's).
 
-One program per (sequence, position, head) over the q heads and then the KV heads:
-``out = x * cos + rotate_half(x) * sin`` in float32 (HF's "rotate half" convention, rotate_half(x) =
-cat(-x2, x1)), rounded once to the cache dtype; q's rotation goes to a new (b, t, h, hd) tensor, k's
-and v to the cache slots ``input_pos``. Elementwise, so a row does not depend on the others.
+One program per (sequence, position, head) over the q heads and then the KV heads: the first rd dims of a
+head (rd = the tables' width, even, at most head_dim) become ``x * cos + rotate_half(x) * sin`` in float32
+(HF's "rotate half" convention within them, rotate_half(x) = cat(-x2, x1)), rounded once to the cache dtype;
+the dims past rd pass through. q's result goes to a new (b, t, h, hd) tensor, k's and v to the cache slots
+``input_pos``. Elementwise, so a row does not depend on the others.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from ..triton.common import round_to_output
 @triton.jit
 def rope_cache_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, kc_ptr, vc_ptr,
-    T, H, HALF,
+    T, H, HALF, HD,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sc_b, sc_t,
     sqo_b, sqo_t, sqo_h, skc_b, skc_h, skc_s, svc_b, svc_h, svc_s,
-    BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_HD: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     bt = tl.program_id(0)
     head = tl.program_id(1)
@@ -45,28 +46,34 @@ def rope_cache_kernel(
         dst = kc_ptr + b * skc_b + kv * skc_h + slot * skc_s
         vsrc = v_ptr + b * sv_b + t * sv_t + kv * sv_h
         vdst = vc_ptr + b * svc_b + kv * svc_h + slot * svc_s
-        tl.store(vdst + d, tl.load(vsrc + d, mask=inside).to(out_ty), mask=inside)
-        tl.store(vdst + HALF + d, tl.load(vsrc + HALF + d, mask=inside).to(out_ty), mask=inside)
+        whole = tl.arange(0, BLOCK_HD)
+        tl.store(vdst + whole, tl.load(vsrc + whole, mask=whole < HD).to(out_ty), mask=whole < HD)
     x1 = tl.load(src + d, mask=inside, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + d, mask=inside, other=0.0).to(tl.float32)
     tl.store(dst + d, round_to_output(x1 * c1 - x2 * s1, out_ty, INTERPRET), mask=inside)
     tl.store(dst + HALF + d, round_to_output(x2 * c2 + x1 * s2, out_ty, INTERPRET), mask=inside)
+    if 2 * HALF < HD:  # partial rotary: the rest of the head as it is
+        rest = 2 * HALF + tl.arange(0, BLOCK_HD)
+        tl.store(dst + rest, tl.load(src + rest, mask=rest < HD).to(out_ty), mask=rest < HD)
 
 
 def rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos, q_out=None):
     """The launch of ``rope_cache_kernel`` (shapes as ``glue.reference.rope_cache_reference``; last dims contiguous)."""
     b, t, h, hd = q.shape
-    kvh = k.shape[2]
-    if hd % 2 or any(x.stride(-1) != 1 for x in (q, k, v, cos, sin, k_cache, v_cache)) or cos.stride() != sin.stride():
-        raise ValueError("rope_cache: head_dim must be even, every last dimension contiguous, cos/sin alike")
+    kvh, rd = k.shape[2], cos.shape[-1]
+    if rd % 2 or rd > hd or any(x.stride(-1) != 1 for x in (q, k, v, cos, sin, k_cache, v_cache)) \
+            or cos.stride() != sin.stride():
+        raise ValueError("rope_cache: the rotary width must be even and at most head_dim, every last dimension "
+                         "contiguous, cos/sin alike")
     if q_out is None:
         q_out = torch.empty(b, t, h, hd, dtype=k_cache.dtype, device=q.device)
     sc_b = cos.stride(0) if cos.shape[0] > 1 else 0
     rope_cache_kernel[(b * t, h + kvh)](
-        q, k, v, cos, sin, input_pos, q_out, k_cache, v_cache, t, h, hd // 2,
+        q, k, v, cos, sin, input_pos, q_out, k_cache, v_cache, t, h, rd // 2, hd,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), sc_b, cos.stride(1),
         q_out.stride(0), q_out.stride(1), q_out.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        BLOCK=max(16, triton.next_power_of_2(hd // 2)), INTERPRET=triton_interpret(), num_warps=1)
+        BLOCK=max(16, triton.next_power_of_2(rd // 2)), BLOCK_HD=max(16, triton.next_power_of_2(hd)),
+        INTERPRET=triton_interpret(), num_warps=1)
     return q_out
