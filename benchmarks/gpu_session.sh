@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU-side checks and measurements in stages, each fitting one device call (<= 10 minutes); results land in
 # $OUT (JSON + logs), key lines on stdout.
-#   bash benchmarks/gpu_session.sh check     # the GPU-side tests (the CUDA kernel and W8A8 first)
+#   bash benchmarks/gpu_session.sh check     # the GPU-side tests of the CUDA kernel, W8A8, kernels/ and ops/
+#   bash benchmarks/gpu_session.sh check2    # the GPU-side tests of runtime/, dispatch/, parallel/, packing/, bench/
 #   bash benchmarks/gpu_session.sh kernels   # nvfp4_linear / fp8_linear tables (incl. fused / W8A8 prefill columns)
 #   bash benchmarks/gpu_session.sh bench     # anyfp4 bench: NVFP4 and FP8 vs bf16, random Llama-3.1-8B
 #   bash benchmarks/gpu_session.sh sweep     # launch-config sweeps of the CUDA kernel (the launch table's source)
@@ -25,14 +26,17 @@ bench() {  # name, then anyfp4 bench arguments
 }
 case "$stage" in
 check)
-    # the CUDA kernel and the W8A8 prefill first (the newest GPU code), then everything else GPU-side
-    # (H200, 2026-12-01: ~230 s and ~270 s; together inside one device call; the hybrid tests run in `hybrid`)
-    timeout 270 python3 -m pytest -q -x tests/kernels/cuda/test_weight_mma.py tests/kernels/test_fp8_w8a8.py \
-        -k "not every_variant_compiles" 2>&1 | tail -5 | tee "$OUT/pytest_cuda.txt"
-    timeout 300 python3 -m pytest -q tests/kernels tests/ops tests/runtime tests/dispatch tests/parallel \
-        tests/packing tests/bench -k "not aot and not every_variant_compiles and not test_weight_mma and not w8a8 \
-        and not test_hybrid_on_the_gpu" \
-        2>&1 | tail -5 | tee "$OUT/pytest.txt"
+    # the CUDA kernel and the W8A8 prefill first (the newest GPU code), then kernels/ and ops/; -rfE names each
+    # failure in the tail (H200, 2026-12-02: ~260 s for the first, the rest ~300 s over both stages)
+    timeout 280 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/cuda/test_weight_mma.py \
+        tests/kernels/test_fp8_w8a8.py -k "not every_variant_compiles" 2>&1 | tail -12 | tee "$OUT/pytest_cuda.txt"
+    timeout 280 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels tests/ops -k "not aot and not \
+        every_variant_compiles and not test_weight_mma and not w8a8" 2>&1 | tail -12 | tee "$OUT/pytest.txt"
+    ;;
+check2)
+    # CPU-only tests run here too (the device's torch is another version than CI's), the hybrid ones in `hybrid`
+    timeout 560 python3 -m pytest -q -rfE -p no:cacheprovider tests/runtime tests/dispatch tests/parallel \
+        tests/packing tests/bench -k "not aot and not test_hybrid_on_the_gpu" 2>&1 | tail -15 | tee "$OUT/pytest2.txt"
     ;;
 kernels)
     timeout 300 python3 benchmarks/kernels/nvfp4_linear.py --skip-correctness --ms 1 2 4 8 16 32 64 256 1024 4096 \
@@ -71,9 +75,9 @@ tp)
     tail -3 "$OUT/tp_runner.log"
     ;;
 hybrid)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/runtime/test_hybrid_on_the_gpu.py tests/kernels/gdn \
+    timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/runtime/test_hybrid_on_the_gpu.py tests/kernels/gdn \
         tests/kernels/glue/test_small_attention.py tests/kernels/triton/test_dense_gemv.py tests/ops/test_gdn_ops.py \
-        tests/runtime/test_cuda_graph.py 2>&1 | tail -4 | tee "$OUT/pytest_hybrid.txt"
+        tests/runtime/test_cuda_graph.py 2>&1 | tail -12 | tee "$OUT/pytest_hybrid.txt"
     q35() {  # name, then anyfp4 bench arguments
         local name="$1"; shift
         timeout 200 python3 -m anyfp4 bench --random-weights qwen3.5-27b --json "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"
@@ -91,6 +95,6 @@ hybrid)
     done
     ;;
 *)
-    echo "unknown stage $stage (check, kernels, bench, sweep, runner, tp, hybrid)"; exit 2
+    echo "unknown stage $stage (check, check2, kernels, bench, sweep, runner, tp, hybrid)"; exit 2
     ;;
 esac
