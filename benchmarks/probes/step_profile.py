@@ -72,7 +72,7 @@ def main() -> None:
     report = {"gpu": torch.cuda.get_device_name(), "arch": a.arch, "context": a.context, "tp": tp, "formats": {}}
     for fmt in a.formats:
         model = random_model(a.arch, fmt, dev, torch.bfloat16, progress=False, rank=rank, tp=tp)
-        model.setup_caches(1, cache_slots(a.context, 64, model.args.max_position_embeddings))
+        model.setup_caches(1, cache_slots(model, a.context, 64))
         tok = torch.zeros(1, 1, dtype=torch.long, device=dev)
         pos = torch.tensor([a.context], device=dev)
         model(tok, pos)

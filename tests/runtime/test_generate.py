@@ -101,3 +101,21 @@ def test_compiled_decode_steps_give_the_same_tokens(model):
     params = SamplingParams(max_new_tokens=6)
     eager = generate(model, [[5, 6, 7, 8]], params)
     assert generate(model, [[5, 6, 7, 8]], params, compile_decode=True) == eager
+
+
+def test_cache_slots_round_up_to_blocks_on_cuda_only():
+    """On CUDA a generation's cache is whole blocks (a similar generation reuses it and its graphs), at most the
+    context; on the CPU it is what the generation needs (attention there reads the whole cache)."""
+    from types import SimpleNamespace
+
+    from anyfp4.runtime.generate import CACHE_SLOT_BLOCK, MAX_DRAFT_TOKENS, cache_slots
+
+    def model(device, context=4096):
+        return SimpleNamespace(device=torch.device(device), args=SimpleNamespace(max_position_embeddings=context))
+
+    need = 100 + 20 + MAX_DRAFT_TOKENS + 1
+    assert cache_slots(model("cpu"), 100, 20) == need
+    assert cache_slots(model("cuda"), 100, 20) == CACHE_SLOT_BLOCK
+    assert cache_slots(model("cuda"), CACHE_SLOT_BLOCK, 1) == 2 * CACHE_SLOT_BLOCK
+    assert cache_slots(model("cuda", context=300), 200, 50) == 300
+    assert cache_slots(model("cpu", context=120), 100, 10) == 120

@@ -48,7 +48,7 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
         prompt = prompt[:, :16].repeat(1, -(-prompt_len // 16))[:, :prompt_len]
     from ..runtime.generate import cache_slots
 
-    model.setup_caches(batch, cache_slots(prompt_len, gen_len, model.args.max_position_embeddings))
+    model.setup_caches(batch, cache_slots(model, prompt_len, gen_len))
     model(prompt[:, :8], torch.arange(8, device=device))  # warm-up: kernels compiled, caches touched
     model(prompt, torch.arange(prompt_len, device=device))  # and the prefill path's (the timed prefill rewrites it)
     for i in range(3):  # compiles / captures the decode step when asked to; inputs built like the real ones
@@ -56,7 +56,7 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
         step_fn(tok[:, None], torch.tensor([8 + i], device=device))
     # the warm-ups advanced any recurrent (Gated DeltaNet) states: start again from zero (the same tensors, so
     # captured graphs stay valid); KV caches are rewritten by the prefill anyway
-    model.setup_caches(batch, cache_slots(prompt_len, gen_len, model.args.max_position_embeddings))
+    model.setup_caches(batch, cache_slots(model, prompt_len, gen_len))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     sync(device)

@@ -63,17 +63,20 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 MAX_DRAFT_TOKENS = 16
 
 
-CACHE_SLOT_BLOCK = 256  # KV-cache lengths are whole blocks of this many slots
+CACHE_SLOT_BLOCK = 256  # on CUDA, KV-cache lengths are whole blocks of this many slots
 
 
-def cache_slots(prompt_len: int, max_new_tokens: int, limit: int) -> int:
+def cache_slots(model: Transformer, prompt_len: int, max_new_tokens: int) -> int:
     """KV-cache slots for one generation: prompt, new tokens and room for a speculative verify pass past
-    the last token, rounded up to whole CACHE_SLOT_BLOCKs (at most ``limit``). Plain and speculative decoding
-    allocate the same, so they run the same shapes (the same prefill bits), and later generations of about the
-    same length (a chat's turns, a warm-up before a timed run) reuse the cache and the CUDA graphs captured over
-    it instead of capturing them again."""
+    the last token (at most the model's context). Plain and speculative decoding allocate the same, so they run
+    the same shapes (the same prefill bits). On CUDA the length is rounded up to whole CACHE_SLOT_BLOCKs: later
+    generations of about the same length (a chat's turns, a warm-up before a timed run) reuse the cache and the
+    CUDA graphs captured over it instead of capturing them again. On the CPU (no graphs; attention reads the
+    whole cache) it is what the generation needs."""
     need = prompt_len + max_new_tokens + MAX_DRAFT_TOKENS + 1
-    return min(-(-need // CACHE_SLOT_BLOCK) * CACHE_SLOT_BLOCK, limit)
+    if model.device.type == "cuda":
+        need = -(-need // CACHE_SLOT_BLOCK) * CACHE_SLOT_BLOCK
+    return min(need, model.args.max_position_embeddings)
 
 
 def check_context(prompt_len: int, max_new_tokens: int, context: int, draft_tokens: int = 0) -> None:
@@ -135,7 +138,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
     b, longest = len(prompts), max(len(p) for p in prompts)
     limit = model.args.max_position_embeddings
     check_context(longest, params.max_new_tokens, limit)
-    slots = cache_slots(longest, params.max_new_tokens, limit)
+    slots = cache_slots(model, longest, params.max_new_tokens)
     model.setup_caches(b, slots)
     tokens = torch.zeros(b, longest, dtype=torch.long, device=device)
     valid = torch.zeros(b, slots, dtype=torch.bool, device=device)

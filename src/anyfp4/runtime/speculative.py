@@ -138,7 +138,7 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
     check_exact_verify(model)
     check_context(len(prompt), params.max_new_tokens, model.args.max_position_embeddings, draft_tokens)
     total = len(prompt) + params.max_new_tokens + draft_tokens + 1
-    slots = cache_slots(len(prompt), params.max_new_tokens, model.args.max_position_embeddings)
+    slots = cache_slots(model, len(prompt), params.max_new_tokens)
     model.setup_caches(1, slots)
     model.setup_snapshots(draft_tokens + 1)  # Gated DeltaNet layers: back to a verify step's accepted prefix
     if draft_model is not None and mtp is not None:
