@@ -55,10 +55,27 @@ def _field_expression(bits: tuple[int, ...]) -> str:
     return expr
 
 
+def _index_expression(bits: tuple[int, ...]) -> str:
+    """A C expression of SRL / SHL and SEL(a, b, mask) (mask's bits from b, the rest from a) with word bits
+    ``bits[b]`` at bit b and anything above bit len(bits) - 1: a table index for a permute that reads only the
+    low bits (fewer operations than ``_field_expression``'s exact value)."""
+    expr, b = None, 0
+    while b < len(bits):
+        run = 1
+        while b + run < len(bits) and bits[b + run] == bits[b] + run:
+            run += 1
+        shift = bits[b] - b
+        moved = f"SRL(w,{shift})" if shift > 0 else f"SHL(w,{-shift})" if shift < 0 else "w"
+        expr = moved if expr is None else f"SEL({expr},{moved},{((1 << run) - 1) << b})"
+        b += run
+    return expr
+
+
 def _defines() -> list[str]:
     defines = [f"-DTILE_ROWS={TILE_ROWS}", f"-DTILE_WORDS={TILE_WORDS}", f"-DTILE_BLOCKS={TILE_BLOCKS}",
                f"-DWORDS_PER_BLOCK={WORDS_PER_BLOCK}"]
     defines += [f"-DNVFP4_CODE_{i}(w)={_field_expression(bits)}" for i, bits in enumerate(CODE_BITS)]
+    defines += [f"-DNVFP4_INDEX_{i}(w)={_index_expression(bits)}" for i, bits in enumerate(CODE_BITS)]
     defines += [f"-DFP8_MAGNITUDE_{i}(w)={_field_expression(bits[:7])}" for i, bits in enumerate(BYTE_BITS)]
     defines += [f"-DFP8_SIGN_{i}(w)={_field_expression(bits[7:])}" for i, bits in enumerate(BYTE_BITS)]
     return defines
@@ -232,6 +249,8 @@ def _nvfp4_strides(words_per_row: int, blocks_per_row: int) -> tuple[torch.Tenso
         raise AssertionError("weight_cpu.c reads tile rows of TILE_WORDS consecutive words")
     inside = torch.tensor([[tiled_scale_offset(r, b, blocks_per_row) for b in range(TILE_BLOCKS)]
                            for r in range(TILE_ROWS)], dtype=torch.int64)
+    if (inside // 16 != inside[:, :1] // 16).any() or inside.max() >= TILE_ROWS * TILE_BLOCKS:
+        raise AssertionError("weight_cpu.c reads a row's block scales from one aligned 16 bytes of its tile")
     return (inside, tiled_word_offset(TILE_ROWS, 0, words_per_row), TILE_WORDS,
             tiled_word_offset(0, TILE_WORDS, words_per_row), tiled_scale_offset(TILE_ROWS, 0, blocks_per_row),
             tiled_scale_offset(0, TILE_BLOCKS, blocks_per_row))

@@ -5,9 +5,11 @@
      TILE_ROWS, TILE_WORDS     a storage tile: TILE_ROWS rows x TILE_WORDS int32 words, row-major inside
      TILE_BLOCKS               NVFP4 block scales per tile row, WORDS_PER_BLOCK words each
      NVFP4_CODE_i(w)           for i = 0..7: code i of word w (magnitude bits 0..2, sign at bit 3)
+     NVFP4_INDEX_i(w)          the same in bits 0..3 with anything above (a permute's index reads only those)
      FP8_MAGNITUDE_i(w)        for i = 0..3: the 7 magnitude bits of E4M3 value i of word w
      FP8_SIGN_i(w)             its sign, at bit 0
-   each an expression of SRL (shift right), SHL, AND and OR, written from the prepack's bit tables.
+   each an expression of SRL (shift right), SHL, AND, OR and SEL (bit select), written from the prepack's bit
+   tables.
    and the tiles' strides come in as arguments (computed by the prepack's own offset functions).
 
    Activations come permuted (x_perm, float32): for tile t, field i (code or byte i of a word) and lane j
@@ -49,6 +51,7 @@ static inline float halving_sum(const float *v) {
 #define SHL(w, s) _mm512_slli_epi32(w, s)
 #define AND(w, m) _mm512_and_si512(w, _mm512_set1_epi32(m))
 #define OR(a, b) _mm512_or_si512(a, b)
+#define SEL(a, b, m) _mm512_ternarylogic_epi32(a, b, _mm512_set1_epi32(m), 0xD8) /* m's bits from b, else a */
 
 /* y[m * ldy] = scale * (the lanes of acc[m] added by halving), for the mb rows of x of a call */
 static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, int64_t ldy) {
@@ -62,7 +65,7 @@ static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, 
 /* one field of every word of a tile row: decode, then a product per row of x */
 #define NVFP4_STEP(i)                                                                                           \
             {                                                                                               \
-                const __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(NVFP4_CODE_##i(w), table), bs);        \
+                const __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(NVFP4_INDEX_##i(w), table), bs);       \
                 for (int m = 0; m < mb; m++)                                                                \
                     acc[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * tiles * 8 + i) * TILE_WORDS), acc[m]);\
             }
@@ -82,21 +85,16 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
         const int64_t r = n % TILE_ROWS;                                                                    \
         const uint32_t *wrow = codes + (n / TILE_ROWS) * word_rowblock + r * word_row;                       \
         const uint8_t *srow = scales + (n / TILE_ROWS) * scale_rowblock;                                     \
-        /* lane j takes the scale of block j / 2: the row's 8 scale bytes, each twice, gathered as the      \
-           aligned 32-bit words that hold them (never past the tile) and shifted down */                     \
-        int32_t lane_word[16], lane_shift[16];                                                              \
-        for (int j = 0; j < 16; j++) {                                                                      \
-            lane_word[j] = (int32_t)(scale_inside[r * TILE_BLOCKS + j / WORDS_PER_BLOCK] >> 2);             \
-            lane_shift[j] = (int32_t)(scale_inside[r * TILE_BLOCKS + j / WORDS_PER_BLOCK] & 3) * 8;         \
-        }                                                                                                   \
-        const __m512i scale_index = _mm512_loadu_si512(lane_word);                                          \
-        const __m512i scale_shift = _mm512_loadu_si512(lane_shift);                                         \
+        /* lane j takes the scale of block j / 2: the row's 8 scale bytes, each twice, picked by a byte    \
+           shuffle from the aligned 16 bytes of the tile that hold them all (linear.py checks that they do) */\
+        const int64_t span = scale_inside[r * TILE_BLOCKS] & ~(int64_t)15;                                 \
+        char lane_byte[16];                                                                                 \
+        for (int j = 0; j < 16; j++) lane_byte[j] = (char)(scale_inside[r * TILE_BLOCKS + j / WORDS_PER_BLOCK] - span); \
+        const __m128i byte_index = _mm_loadu_si128((const __m128i *)lane_byte);                             \
         for (int64_t t = 0; t < tiles; t++) {                                                               \
             const __m512i w = _mm512_loadu_si512(wrow + t * word_tile);                                     \
-            const __m512i sb = _mm512_and_si512(                                                            \
-                _mm512_srlv_epi32(_mm512_i32gather_epi32(scale_index, (const void *)(srow + t * scale_tile), 4), \
-                                  scale_shift),                                                             \
-                _mm512_set1_epi32(0xFF));                                                                   \
+            const __m512i sb = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(                                       \
+                _mm_loadu_si128((const __m128i *)(srow + t * scale_tile + span)), byte_index));              \
             const __m512 bs = _mm512_castsi512_ps(_mm512_slli_epi32(sb, 20));                               \
             const float *xp = x_perm + ((m0 * tiles + t) * 8) * TILE_WORDS;                                  \
             NVFP4_STEP(0) NVFP4_STEP(1) NVFP4_STEP(2) NVFP4_STEP(3)                                         \
