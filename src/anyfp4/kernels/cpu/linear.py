@@ -34,7 +34,10 @@ from ...packing.layout import (TILE_BLOCKS, TILE_ROWS, TILE_WORDS, WORDS_PER_BLO
 from ...packing.nvfp4 import CODE_BITS, NVFP4Prepacked
 
 SOURCE = Path(__file__).with_name("weight_cpu.c")
-MIN_THREAD_WORK = 1 << 18  # multiply-adds below which another thread costs more than it saves (~20 us)
+# Multiply-adds per thread below which another thread costs more than it saves: handing work to a Python thread
+# and back costs ~60-200 us on a 2-CPU VM (a 960x576 M = 1 call: 89 us on one thread, 241 us on two; 4096x1024:
+# 346 vs 428; 4096x4096: 2303 vs 1044).
+MIN_THREAD_WORK = 1 << 22
 _FLAGS = ("-O3", "-ffp-contract=fast", "-fno-math-errno", "-std=c11", "-shared", "-fPIC")
 _ARCH_FLAGS = (("-march=native",), ("-mcpu=native",))  # the first the compiler takes, else none
 
