@@ -88,6 +88,8 @@ hybrid)
     q35 bench_q35_mixed_vs_bf16 --format mixed --compare bf16
     q35 bench_q35_mixed_mtp --format mixed --speculate mtp --draft-tokens 3
     timeout 150 python3 benchmarks/probes/rejected_rows.py --arch qwen3.5-27b --format mixed --mtp --out "$OUT/rejected_rows.json"
+    timeout 150 python3 benchmarks/probes/speculative_step.py --arch qwen3.5-27b --format mixed --mtp --k 3 \
+        --out "$OUT/speculative_step.json"
     timeout 100 python3 benchmarks/probes/step_profile.py --arch qwen3.5-27b --formats mixed --out "$OUT/step_profile_q35.json" \
         > "$OUT/step_profile_q35.log" 2>&1; grep -A12 "==" "$OUT/step_profile_q35.log" | cut -c1-120
     for mode in chunked recurrent; do
