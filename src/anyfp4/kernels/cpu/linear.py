@@ -58,19 +58,27 @@ def _field_expression(bits: tuple[int, ...]) -> str:
     return expr
 
 
-def _index_expression(bits: tuple[int, ...]) -> str:
-    """A C expression of SRL / SHL and SEL(a, b, mask) (mask's bits from b, the rest from a) with word bits
-    ``bits[b]`` at bit b and anything above bit len(bits) - 1: a table index for a permute that reads only the
-    low bits (fewer operations than ``_field_expression``'s exact value)."""
-    expr, b = None, 0
-    while b < len(bits):
+def _select_expression(bits: dict[int, int], exact: bool) -> str:
+    """A C expression of SRL / SHL, AND and SEL(a, b, mask) (mask's bits from b, the rest from a) with word bit
+    ``bits[t]`` at bit t for each target bit t (runs of consecutive positions move together). ``exact``: every
+    other bit 0; else the other bits are anything (a permute's table index reads only its low bits). Fewer
+    operations than ``_field_expression``'s shift / and / shift / or per run."""
+    targets = sorted(bits)
+    expr, i = None, 0
+    while i < len(targets):
         run = 1
-        while b + run < len(bits) and bits[b + run] == bits[b] + run:
+        while i + run < len(targets) and targets[i + run] == targets[i] + run and \
+                bits[targets[i + run]] == bits[targets[i]] + run:
             run += 1
-        shift = bits[b] - b
+        t = targets[i]
+        shift = bits[t] - t
         moved = f"SRL(w,{shift})" if shift > 0 else f"SHL(w,{-shift})" if shift < 0 else "w"
-        expr = moved if expr is None else f"SEL({expr},{moved},{((1 << run) - 1) << b})"
-        b += run
+        mask = ((1 << run) - 1) << t
+        if expr is None:
+            expr = f"AND({moved},{mask})" if exact else moved
+        else:
+            expr = f"SEL({expr},{moved},{mask})"
+        i += run
     return expr
 
 
@@ -78,7 +86,11 @@ def _defines() -> list[str]:
     defines = [f"-DTILE_ROWS={TILE_ROWS}", f"-DTILE_WORDS={TILE_WORDS}", f"-DTILE_BLOCKS={TILE_BLOCKS}",
                f"-DWORDS_PER_BLOCK={WORDS_PER_BLOCK}"]
     defines += [f"-DNVFP4_CODE_{i}(w)={_field_expression(bits)}" for i, bits in enumerate(CODE_BITS)]
-    defines += [f"-DNVFP4_INDEX_{i}(w)={_index_expression(bits)}" for i, bits in enumerate(CODE_BITS)]
+    defines += [f"-DNVFP4_INDEX_{i}(w)={_select_expression(dict(enumerate(bits)), exact=False)}"
+                for i, bits in enumerate(CODE_BITS)]
+    # an E4M3 value's magnitude at fp16 bits 7-13 and its sign at 15, the rest 0
+    defines += [f"-DFP8_HALF_{i}(w)={_select_expression({**{7 + b: bits[b] for b in range(7)}, 15: bits[7]}, True)}"
+                for i, bits in enumerate(BYTE_BITS)]
     defines += [f"-DFP8_MAGNITUDE_{i}(w)={_field_expression(bits[:7])}" for i, bits in enumerate(BYTE_BITS)]
     defines += [f"-DFP8_SIGN_{i}(w)={_field_expression(bits[7:])}" for i, bits in enumerate(BYTE_BITS)]
     return defines

@@ -8,6 +8,7 @@
      NVFP4_INDEX_i(w)          the same in bits 0..3 with anything above (a permute's index reads only those)
      FP8_MAGNITUDE_i(w)        for i = 0..3: the 7 magnitude bits of E4M3 value i of word w
      FP8_SIGN_i(w)             its sign, at bit 0
+     FP8_HALF_i(w)             the magnitude at bits 7..13 and the sign at bit 15, every other bit of 0..15 zero
    each an expression of SRL (shift right), SHL, AND, OR and SEL (bit select), written from the prepack's bit
    tables.
    and the tiles' strides come in as arguments (computed by the prepack's own offset functions).
@@ -112,7 +113,7 @@ NVFP4_ROWS(8)
    included), widened exactly to float32; the row scale times 2^8 comes at the end. */
 #define FP8_STEP(i)                                                                                             \
             {                                                                                               \
-                const __m512i half = OR(SHL(FP8_MAGNITUDE_##i(w), 7), SHL(FP8_SIGN_##i(w), 15));            \
+                const __m512i half = FP8_HALF_##i(w);                                                       \
                 const __m512 v = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(half));                              \
                 for (int m = 0; m < mb; m++)                                                                \
                     acc[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * tiles * 4 + i) * TILE_WORDS), acc[m]);\
