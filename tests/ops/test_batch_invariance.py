@@ -120,5 +120,6 @@ def test_c_rows_do_not_depend_on_the_threads_split(monkeypatch, fmt):
     x = torch.randn(ROWS, K, generator=gen)
     alone = f(x[:1].clone())
     monkeypatch.setattr(cpu_linear, "threads", lambda: 3)
+    monkeypatch.setattr(cpu_linear, "MIN_THREAD_WORK", 1 << 12)  # every call split, the first row alone too
     for m in (1, 5, 64):
         assert torch.equal(f(x[:m])[:1], alone), m

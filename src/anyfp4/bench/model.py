@@ -98,8 +98,8 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
         from ..runtime.speculative import generate_speculative
 
         params = SamplingParams(max_new_tokens=gen_len)
-        generate_speculative(model, prompt[0, :8].tolist(), SamplingParams(max_new_tokens=4), speculate, draft_model,
-                             mtp=mtp)
+        # the warm-up is the timed run itself: its caches (and on a GPU the graphs over them) are the timed run's
+        generate_speculative(model, prompt[0].tolist(), params, speculate, draft_model, mtp=mtp)
         sync(device)
         t0 = time.perf_counter()
         spec_tokens, stats = generate_speculative(model, prompt[0].tolist(), params, speculate, draft_model, mtp=mtp)

@@ -21,7 +21,8 @@ checks).
   their full layer's, so that they compute one GPU's bits).
 - ``small_attention(q, k_cache, v_cache, mask, input_pos)``: grouped-query attention of t <= 32 new
   positions over the static KV cache (``kernels.glue.small_attention``), (b, t, h, hd) out; CUDA only.
-- ``rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos)``: rotary embedding of q and k, k and v
+- ``rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos)``: rotary embedding of q and k (of their first
+  ``cos.shape[-1]`` dims: partial rotary when the tables are narrower than a head), k and v
   written into the caches at ``input_pos`` (``kernels.glue.rope_cache`` on CUDA, its pure-torch definition on
   the CPU), rotated q out.
 - ``rms_norm(x, weight, eps)``: RMSNorm over the last dimension (``kernels.glue.rms_norm``: one Triton

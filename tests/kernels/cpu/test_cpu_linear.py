@@ -94,7 +94,8 @@ def test_rows_do_not_depend_on_the_call(fmt, monkeypatch):
         w = random_fp8(n, k, gen)
         p, run = prepack_fp8(w), lambda x: cpu_linear.fp8_rows(cpu_linear.library(), x, p, (0,), True)
     x = torch.randn(64, k, generator=gen)
-    monkeypatch.setattr(cpu_linear, "MIN_THREAD_WORK", 1 << 12)  # every call split between the threads
+    monkeypatch.setattr(cpu_linear, "MIN_THREAD_WORK", 1 << 12)  # every call split between four threads
+    monkeypatch.setattr(cpu_linear, "threads", lambda: 4)
     alone = torch.cat([run(x[i:i + 1]) for i in range(64)])
     for m in (2, 7, 8, 9, 33, 64):
         assert torch.equal(run(x[:m]), alone[:m]), m
