@@ -17,8 +17,11 @@
    (word j of the tile row), x_perm[((m * tiles + t) * FIELDS + i) * TILE_WORDS + j] is x[m, k] for the k of
    field i of word j, zero past K. So every lane of a vector works on its own word and one field at a time.
 
-   Every output row is one fixed sequence of float32 operations: lane j accumulates its words' products over
-   the tiles in k order, then the TILE_WORDS lanes are added by halving. Nothing depends on how many rows of x
+   Every output row is one fixed sequence of float32 operations: for each tile in k order, lane j sums its
+   word's products of code values and x (fields in order, from zero) and adds that sum times the word's block
+   scale to its accumulator (FP8: the products straight into it); then the TILE_WORDS lanes are added by halving.
+   A tile's sum starting from zero keeps the dependency chain across tiles one multiply-add long (2x at M = 1 on
+   a 4096x4096 layer). Nothing depends on how many rows of x
    share the call or how the output rows are split between threads, so a row's bits do not depend on M. */
 
 #include <stdint.h>
@@ -31,11 +34,10 @@
 static inline float as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t as_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
-/* E2M1 magnitudes times 2^117; a prepacked scale byte shifted into a float's exponent field is bs * 2^-117
-   (packing/nvfp4.py), so their product is e2m1 * bs exactly. */
+/* E2M1 magnitudes. A prepacked scale byte shifted into a float's exponent field is bs * 2^-117
+   (packing/nvfp4.py; a float subnormal for small scales), so times 2^117 it is the block scale bs exactly. */
 #define P117 1.6615349947311448e+35f
-static const float e2m1_x2p117[8] = {0.0f, 0.5f * P117, 1.0f * P117, 1.5f * P117,
-                                     2.0f * P117, 3.0f * P117, 4.0f * P117, 6.0f * P117};
+static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
 static inline float halving_sum(const float *v) {
     float a[TILE_WORDS];
@@ -66,9 +68,9 @@ static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, 
 /* one field of every word of a tile row: decode, then a product per row of x */
 #define NVFP4_STEP(i)                                                                                           \
             {                                                                                               \
-                const __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(NVFP4_INDEX_##i(w), table), bs);       \
+                const __m512 v = _mm512_permutexvar_ps(NVFP4_INDEX_##i(w), table);                          \
                 for (int m = 0; m < mb; m++)                                                                \
-                    acc[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * tiles * 8 + i) * TILE_WORDS), acc[m]);\
+                    part[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * tiles * 8 + i) * TILE_WORDS), part[m]);\
             }
 
 #define NVFP4_ROWS(MB)                                                                                          \
@@ -78,7 +80,7 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
                             int64_t n0, int64_t n1, int64_t m0, float out_scale, float *y, int64_t ldy) {    \
     const int mb = MB;                                                                                      \
     float values[16];                                                                                       \
-    for (int c = 0; c < 16; c++) values[c] = (c & 8 ? -1.0f : 1.0f) * e2m1_x2p117[c & 7];                    \
+    for (int c = 0; c < 16; c++) values[c] = (c & 8 ? -1.0f : 1.0f) * e2m1[c & 7];                           \
     const __m512 table = _mm512_loadu_ps(values);                                                           \
     for (int64_t n = n0; n < n1; n++) {                                                                     \
         __m512 acc[MB];                                                                                     \
@@ -96,10 +98,13 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
             const __m512i w = _mm512_loadu_si512(wrow + t * word_tile);                                     \
             const __m512i sb = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(                                       \
                 _mm_loadu_si128((const __m128i *)(srow + t * scale_tile + span)), byte_index));              \
-            const __m512 bs = _mm512_castsi512_ps(_mm512_slli_epi32(sb, 20));                               \
+            const __m512 bs = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(sb, 20)), _mm512_set1_ps(P117)); \
             const float *xp = x_perm + ((m0 * tiles + t) * 8) * TILE_WORDS;                                  \
+            __m512 part[MB];                                                                                \
+            for (int m = 0; m < MB; m++) part[m] = _mm512_setzero_ps();                                     \
             NVFP4_STEP(0) NVFP4_STEP(1) NVFP4_STEP(2) NVFP4_STEP(3)                                         \
             NVFP4_STEP(4) NVFP4_STEP(5) NVFP4_STEP(6) NVFP4_STEP(7)                                         \
+            for (int m = 0; m < MB; m++) acc[m] = _mm512_fmadd_ps(part[m], bs, acc[m]);                     \
         }                                                                                                   \
         store_rows(acc, MB, out_scale, y + m0 * ldy + n, ldy);                                             \
     }                                                                                                       \
@@ -182,20 +187,23 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
         for (int64_t t = 0; t < tiles; t++) {                                                               \
             const uint32_t *w = wrow + t * word_tile;                                                       \
             const uint8_t *s = srow + t * scale_tile;                                                       \
-            float bs[TILE_WORDS];                                                                           \
+            float bs[TILE_WORDS], part[MB][TILE_WORDS];                                                     \
             for (int j = 0; j < TILE_WORDS; j++)                                                            \
-                bs[j] = as_float((uint32_t)s[scale_inside[r * TILE_BLOCKS + j / WORDS_PER_BLOCK]] << 20);   \
+                bs[j] = as_float((uint32_t)s[scale_inside[r * TILE_BLOCKS + j / WORDS_PER_BLOCK]] << 20) * P117; \
+            memset(part, 0, sizeof part);                                                                   \
             for (int i = 0; i < 8; i++) {                                                                   \
                 float v[TILE_WORDS];                                                                        \
                 for (int j = 0; j < TILE_WORDS; j++) {                                                      \
                     uint32_t c = nvfp4_code(w[j], i);                                                       \
-                    v[j] = as_float(as_bits(e2m1_x2p117[c & 7]) | (c >> 3) << 31) * bs[j];                 \
+                    v[j] = as_float(as_bits(e2m1[c & 7]) | (c >> 3) << 31);                                 \
                 }                                                                                           \
                 for (int m = 0; m < MB; m++) {                                                              \
                     const float *xp = x_perm + (((m0 + m) * tiles + t) * 8 + i) * TILE_WORDS;               \
-                    for (int j = 0; j < TILE_WORDS; j++) acc[m][j] += v[j] * xp[j];                         \
+                    for (int j = 0; j < TILE_WORDS; j++) part[m][j] += v[j] * xp[j];                        \
                 }                                                                                           \
             }                                                                                               \
+            for (int m = 0; m < MB; m++)                                                                    \
+                for (int j = 0; j < TILE_WORDS; j++) acc[m][j] += part[m][j] * bs[j];                       \
         }                                                                                                   \
         for (int m = 0; m < MB; m++) y[(m0 + m) * ldy + n] = out_scale * halving_sum(acc[m]);               \
     }                                                                                                       \
