@@ -192,3 +192,26 @@ def test_non_contiguous_prepacks_read_right():
     x = torch.randn(3, 256, generator=gen)
     lib = cpu_linear.library()
     assert torch.equal(cpu_linear.nvfp4_rows(lib, x, strided, (0,), 1.0), cpu_linear.nvfp4_rows(lib, x, p, (0,), 1.0))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_activations_and_strided_rows_read_as_their_float32_values(fmt, dtype):
+    """The C code widens bf16 / fp16 rows itself (fp16 subnormals, signed zeros and the largest values included)
+    and reads rows at any row stride: the bits equal those of the same values as dense float32 rows."""
+    gen = torch.Generator().manual_seed(21)
+    k = 272  # not a whole number of tiles: the prepack's padding past K is skipped
+    if fmt == "nvfp4":
+        w = random_nvfp4(40, k, gen)
+        p, rows = prepack_nvfp4(w), cpu_linear.nvfp4_rows
+        run = lambda x: rows(cpu_linear.library(), x, p, (0,), 0.25)  # noqa: E731
+    else:
+        p, rows = prepack_fp8(random_fp8(40, k, gen)), cpu_linear.fp8_rows
+        run = lambda x: rows(cpu_linear.library(), x, p, (0,), True)  # noqa: E731
+    wide = torch.randn(5, 2 * k, generator=gen).to(dtype)
+    wide[0, :8] = torch.tensor([0.0, -0.0, 6e-8, -6e-8, 3e-5, -1e-6, 60000.0, -60000.0]).to(dtype)
+    x = wide[:, ::2]  # row stride 2k, column stride 2
+    assert not x.is_contiguous()
+    rows_view = wide[:, :k]  # row stride 2k, unit column stride: read in place
+    assert torch.equal(run(x), run(x.float().contiguous()))
+    assert torch.equal(run(rows_view), run(rows_view.float().contiguous()))

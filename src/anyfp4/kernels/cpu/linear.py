@@ -149,9 +149,10 @@ def _build(cc: str, out_dir: Path, extra: tuple[str, ...] = ()) -> Path:
 def open_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-    lib.nvfp4_linear_rows.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, i64, i64, f32, ptr, i64]
-    lib.fp8_linear_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, ptr, i64]
-    lib.nvfp4_linear_rows.restype = lib.fp8_linear_rows.restype = None
+    lib.nvfp4_linear_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64,
+                                      i64, f32, ptr, i64]
+    lib.fp8_linear_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, i64]
+    lib.nvfp4_linear_rows.restype = lib.fp8_linear_rows.restype = ctypes.c_int
     return lib
 
 
@@ -228,7 +229,11 @@ def _run_split(run, ranges: list[tuple[int, int]], work_per_row: int) -> None:
     """``run(n0, n1)`` over every range, the ranges cut at row-block boundaries and shared between threads
     (no more threads than there are ``MIN_THREAD_WORK`` multiply-adds for)."""
     total = sum(b - a for a, b in ranges)
-    parts = min(threads(), max(1, total * work_per_row // MIN_THREAD_WORK))
+    if total * work_per_row < 2 * MIN_THREAD_WORK:  # one thread's work (most decode calls): no thread asked for
+        for a, b in ranges:
+            run(a, b)
+        return
+    parts = min(threads(), total * work_per_row // MIN_THREAD_WORK)
     share = -(-total // parts // TILE_ROWS) * TILE_ROWS if parts > 1 else total
     pieces = []
     for a, b in ranges:
@@ -247,12 +252,27 @@ def _run_split(run, ranges: list[tuple[int, int]], work_per_row: int) -> None:
         f.result()
 
 
-def _permuted(x2: torch.Tensor, k_pad: int, fields: int) -> torch.Tensor:
-    """x (M, K) -> float32 (M, tiles, fields, TILE_WORDS): field i of word j of each tile row, zero past K."""
-    m, k = x2.shape
-    xp = torch.zeros(m, k_pad, dtype=torch.float32)
-    xp[:, :k] = x2
-    return xp.view(m, k_pad // (TILE_WORDS * fields), TILE_WORDS, fields).transpose(2, 3).contiguous()
+# x's dtypes as weight_cpu.c's X_FLOAT32 / X_BFLOAT16 / X_FLOAT16 (it widens them to float32 exactly)
+X_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _activations(x2: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x as the C functions read it (unit stride along k, one of ``X_DTYPES``) and its dtype's code."""
+    if x2.dtype not in X_DTYPES:
+        x2 = x2.float()
+    if x2.stride(1) != 1 and x2.shape[1] > 1:
+        x2 = x2.contiguous()
+    return x2, X_DTYPES[x2.dtype]
+
+
+def tiles_with_k(k: int, fields: int) -> int:
+    """The tiles of a row that hold some of its k (the rest of the prepack's row is padding)."""
+    return -(-k // (TILE_WORDS * fields))
+
+
+def _checked(status: int) -> None:
+    if status != 0:
+        raise MemoryError("anyfp4: the CPU kernel could not allocate its copy of the activations")
 
 
 @functools.lru_cache(maxsize=None)
@@ -287,16 +307,16 @@ def joined(y: torch.Tensor, row_starts: tuple[int, ...], n: int) -> torch.Tensor
 def nvfp4_rows(lib, x2: torch.Tensor, w: NVFP4Prepacked, row_starts: tuple[int, ...], global_scale: float | None):
     """float32 (M, len(row_starts) * N): ``x @ W^T`` for the N weight rows from each start (0, or ``up_offset``
     for the up half of a gated prepack), times ``global_scale`` (None: the sums before it)."""
-    m = x2.shape[0]
+    m, k = x2.shape
+    x2, x_dtype = _activations(x2)
     words = w.codes.shape[1]
-    x_perm = _permuted(x2, words * 8, 8)
     codes, scales = w.codes.contiguous(), w.scales.contiguous()  # the C code reads them as dense row-major
     inside, word_rowblock, word_row, word_tile, scale_rowblock, scale_tile = _nvfp4_strides(words, words // 2)
     y = output_rows(m, w, row_starts)
     out_scale = 1.0 if global_scale is None else global_scale
-    args = (codes.data_ptr(), scales.data_ptr(), x_perm.data_ptr(), m, inside.data_ptr(), words // TILE_WORDS,
-            word_rowblock, word_row, word_tile, scale_rowblock, scale_tile)
-    _run_split(lambda n0, n1: lib.nvfp4_linear_rows(*args, n0, n1, out_scale, y.data_ptr(), y.shape[1]),
+    args = (codes.data_ptr(), scales.data_ptr(), x2.data_ptr(), x_dtype, x2.stride(0), k, m, inside.data_ptr(),
+            tiles_with_k(k, 8), word_rowblock, word_row, word_tile, scale_rowblock, scale_tile)
+    _run_split(lambda n0, n1: _checked(lib.nvfp4_linear_rows(*args, n0, n1, out_scale, y.data_ptr(), y.shape[1])),
                [(s, s + w.out_features) for s in row_starts], m * w.in_features)
     return joined(y, row_starts, w.out_features)
 
@@ -304,15 +324,15 @@ def nvfp4_rows(lib, x2: torch.Tensor, w: NVFP4Prepacked, row_starts: tuple[int, 
 def fp8_rows(lib, x2: torch.Tensor, w: FP8Prepacked, row_starts: tuple[int, ...], scaled: bool):
     """float32 (M, len(row_starts) * N): ``x @ W^T`` for the N rows from each start, times the row scales
     (``scaled``) or before them."""
-    m = x2.shape[0]
+    m, k = x2.shape
+    x2, x_dtype = _activations(x2)
     words = w.codes.shape[1]
-    x_perm = _permuted(x2, words * 4, 4)
     codes, row_scales = w.codes.contiguous(), w.scales.contiguous()  # the C code reads them as dense
     y = output_rows(m, w, row_starts)
     scales = row_scales.data_ptr() if scaled else None
-    args = (codes.data_ptr(), scales, x_perm.data_ptr(), m, words // TILE_WORDS,
+    args = (codes.data_ptr(), scales, x2.data_ptr(), x_dtype, x2.stride(0), k, m, tiles_with_k(k, 4),
             tiled_word_offset(TILE_ROWS, 0, words), TILE_WORDS, tiled_word_offset(0, TILE_WORDS, words))
-    _run_split(lambda n0, n1: lib.fp8_linear_rows(*args, n0, n1, y.data_ptr(), y.shape[1]),
+    _run_split(lambda n0, n1: _checked(lib.fp8_linear_rows(*args, n0, n1, y.data_ptr(), y.shape[1])),
                [(s, s + w.out_features) for s in row_starts], m * w.in_features)
     return joined(y, row_starts, w.out_features)
 

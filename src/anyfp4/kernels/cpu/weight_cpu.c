@@ -13,9 +13,11 @@
    tables.
    and the tiles' strides come in as arguments (computed by the prepack's own offset functions).
 
-   Activations come permuted (x_perm, float32): for tile t, field i (code or byte i of a word) and lane j
-   (word j of the tile row), x_perm[((m * tiles + t) * FIELDS + i) * TILE_WORDS + j] is x[m, k] for the k of
-   field i of word j, zero past K. So every lane of a vector works on its own word and one field at a time.
+   Activations come as the caller's rows (float32, bfloat16 or float16, unit stride along k) and are permuted
+   here, once per call, into float32 x_perm: for tile t, field i (code or byte i of a word) and lane j (word j
+   of the tile row), x_perm[((m * tiles + t) * FIELDS + i) * TILE_WORDS + j] is x[m, k] for k = (t * TILE_WORDS
+   + j) * FIELDS + i, zero past K. So every lane of a vector works on its own word and one field at a time. Only
+   the tiles that hold some k < K are read: the prepack's padding past them adds nothing.
 
    Every output row is one fixed sequence of float32 operations: for each tile in k order, lane j sums its
    word's products of code values and x (fields in order, from zero) and adds that sum times the word's block
@@ -25,6 +27,7 @@
    share the call or how the output rows are split between threads, so a row's bits do not depend on M. */
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if !defined(TILE_ROWS) || !defined(TILE_WORDS) || !defined(TILE_BLOCKS) || !defined(WORDS_PER_BLOCK)
@@ -253,13 +256,48 @@ FP8_ROWS(8)
 
 #endif
 
-/* Entry points: output rows [n0, n1) (the caller's threads take disjoint ranges) and all `rows` rows of x. A
-   row block of the weight (TILE_ROWS rows) is decoded for 8, 4, 2, then 1 rows of x at a time while it is in
-   cache. y is (rows, ldy) float32; column n of it gets weight row n. */
-void nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const float *x_perm, int64_t rows,
-                       const int64_t *scale_inside, int64_t tiles, int64_t word_rowblock, int64_t word_row,
-                       int64_t word_tile, int64_t scale_rowblock, int64_t scale_tile, int64_t n0, int64_t n1,
-                       float out_scale, float *y, int64_t ldy) {
+/* x's dtypes (linear.py's X_DTYPES) and their exact widening to float32 */
+enum { X_FLOAT32 = 0, X_BFLOAT16 = 1, X_FLOAT16 = 2 };
+
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0x1f) return as_float(sign | 0x7f800000u | man << 13);              /* inf, nan */
+    if (exp != 0) return as_float(sign | (exp + 112) << 23 | man << 13);             /* normal */
+    const float subnormal = (float)man * 5.9604644775390625e-08f;                      /* man * 2^-24, exact */
+    return sign ? -subnormal : subnormal;
+}
+
+static inline float x_value(const void *x, int dtype, int64_t i) {
+    if (dtype == X_BFLOAT16) return as_float((uint32_t)((const uint16_t *)x)[i] << 16);
+    if (dtype == X_FLOAT16) return half_to_float(((const uint16_t *)x)[i]);
+    return ((const float *)x)[i];
+}
+
+/* x (rows, k) at row stride ldx -> a new float32 x_perm of `tiles` tiles (see above); NULL if out of memory */
+static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int64_t k, int64_t tiles, int fields) {
+    const int64_t per_tile = (int64_t)TILE_WORDS * fields;
+    float *xp = malloc((size_t)(rows * tiles * per_tile + 1) * sizeof(float));
+    if (!xp) return NULL;
+    for (int64_t m = 0; m < rows; m++)
+        for (int64_t t = 0; t < tiles; t++)
+            for (int i = 0; i < fields; i++)
+                for (int j = 0; j < TILE_WORDS; j++) {
+                    const int64_t kk = (t * TILE_WORDS + j) * fields + i;
+                    xp[((m * tiles + t) * fields + i) * TILE_WORDS + j] = kk < k ? x_value(x, dtype, m * ldx + kk) : 0.0f;
+                }
+    return xp;
+}
+
+/* Entry points: output rows [n0, n1) (the caller's threads take disjoint ranges) and all `rows` rows of x
+   (x_dtype, k values a row at row stride ldx; `tiles`: the tiles that hold k < K). A row block of the weight
+   (TILE_ROWS rows) is decoded for 8, 4, 2, then 1 rows of x at a time while it is in cache. y is (rows, ldy)
+   float32; column n of it gets weight row n. Returns 0, or -1 if the permuted x could not be allocated. */
+int nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const void *x, int64_t x_dtype, int64_t ldx,
+                      int64_t k, int64_t rows, const int64_t *scale_inside, int64_t tiles, int64_t word_rowblock,
+                      int64_t word_row, int64_t word_tile, int64_t scale_rowblock, int64_t scale_tile, int64_t n0,
+                      int64_t n1, float out_scale, float *y, int64_t ldy) {
+    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 8);
+    if (!x_perm) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
         int64_t m = 0;
@@ -269,11 +307,15 @@ void nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const float
                             scale_rowblock, scale_tile, b0, b1, m, out_scale, y, ldy);
         NVFP4_CHUNK(8) NVFP4_CHUNK(4) NVFP4_CHUNK(2) NVFP4_CHUNK(1)
     }
+    free(x_perm);
+    return 0;
 }
 
-void fp8_linear_rows(const uint32_t *codes, const float *row_scale, const float *x_perm, int64_t rows,
-                     int64_t tiles, int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t n0,
-                     int64_t n1, float *y, int64_t ldy) {
+int fp8_linear_rows(const uint32_t *codes, const float *row_scale, const void *x, int64_t x_dtype, int64_t ldx,
+                    int64_t k, int64_t rows, int64_t tiles, int64_t word_rowblock, int64_t word_row,
+                    int64_t word_tile, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 4);
+    if (!x_perm) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
         int64_t m = 0;
@@ -282,4 +324,6 @@ void fp8_linear_rows(const uint32_t *codes, const float *row_scale, const float 
             fp8_rows_##MB(codes, row_scale, x_perm, tiles, word_rowblock, word_row, word_tile, b0, b1, m, y, ldy);
         FP8_CHUNK(8) FP8_CHUNK(4) FP8_CHUNK(2) FP8_CHUNK(1)
     }
+    free(x_perm);
+    return 0;
 }
