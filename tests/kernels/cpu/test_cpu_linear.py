@@ -163,6 +163,11 @@ def test_portable_path_matches_reference(tmp_path):
     x = torch.randn(9, 1552, generator=gen)
     close(cpu_linear.nvfp4_rows(lib, x, prepack_nvfp4(w), (0,), 3e-3), x.double() @ dequantize_nvfp4(w).double().t())
     close(cpu_linear.fp8_rows(lib, x, prepack_fp8(f), (0,), True), x.double() @ dequantize_fp8(f).double().t())
+    assert cpu_linear.features(lib) == {"avx512": False, "bf16_dot_products": False}
+    for half in (x.bfloat16(), x.half()):  # widened in C
+        close(cpu_linear.nvfp4_rows(lib, half, prepack_nvfp4(w), (0,), 3e-3),
+              half.double() @ dequantize_nvfp4(w).double().t())
+        close(cpu_linear.fp8_rows(lib, half, prepack_fp8(f), (0,), True), half.double() @ dequantize_fp8(f).double().t())
 
 
 def test_prepacks_refuse_nan_alike():
@@ -194,11 +199,17 @@ def test_non_contiguous_prepacks_read_right():
     assert torch.equal(cpu_linear.nvfp4_rows(lib, x, strided, (0,), 1.0), cpu_linear.nvfp4_rows(lib, x, p, (0,), 1.0))
 
 
+def bf16_dot_products() -> bool:
+    return cpu_linear.features(cpu_linear.library())["bf16_dot_products"]
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_activations_and_strided_rows_read_as_their_float32_values(fmt, dtype):
+def test_half_activations_and_strided_rows(fmt, dtype):
     """The C code widens bf16 / fp16 rows itself (fp16 subnormals, signed zeros and the largest values included)
-    and reads rows at any row stride: the bits equal those of the same values as dense float32 rows."""
+    and reads rows at any row stride: a strided view gives the bits of the same rows made dense, and these equal
+    those of the same values as float32 rows — except NVFP4 with bf16 rows on CPUs with bf16 dot products, which
+    sum in another order (then close to them)."""
     gen = torch.Generator().manual_seed(21)
     k = 272  # not a whole number of tiles: the prepack's padding past K is skipped
     if fmt == "nvfp4":
@@ -210,8 +221,54 @@ def test_half_activations_and_strided_rows_read_as_their_float32_values(fmt, dty
         run = lambda x: rows(cpu_linear.library(), x, p, (0,), True)  # noqa: E731
     wide = torch.randn(5, 2 * k, generator=gen).to(dtype)
     wide[0, :8] = torch.tensor([0.0, -0.0, 6e-8, -6e-8, 3e-5, -1e-6, 60000.0, -60000.0]).to(dtype)
-    x = wide[:, ::2]  # row stride 2k, column stride 2
-    assert not x.is_contiguous()
-    rows_view = wide[:, :k]  # row stride 2k, unit column stride: read in place
-    assert torch.equal(run(x), run(x.float().contiguous()))
-    assert torch.equal(run(rows_view), run(rows_view.float().contiguous()))
+    for x in (wide[:, ::2], wide[:, :k]):  # row stride 2k, column stride 2 / 1 (read in place)
+        y = run(x)
+        assert torch.equal(y, run(x.contiguous()))
+        if fmt == "nvfp4" and dtype == torch.bfloat16 and bf16_dot_products():
+            close(y, run(x.float()))
+        else:
+            assert torch.equal(y, run(x.float().contiguous()))
+
+
+@pytest.mark.parametrize("n, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 8, 13])
+def test_nvfp4_bf16_rows_match_reference(n, k, m):
+    """bf16 rows (the bf16 dot products where the CPU has them): the reference's sums, every output written."""
+    gen = torch.Generator().manual_seed(n * 1000 + k + m + 3)
+    w = random_nvfp4(n, k, gen)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    y = cpu_linear.nvfp4_rows(cpu_linear.library(), x, prepack_nvfp4(w), (0,), float(w.global_scale))
+    assert y.shape == (m, n)
+    close(y, x.double() @ dequantize_nvfp4(w).double().t())
+
+
+def test_every_code_decodes_with_bf16_rows():
+    """Each of the 16 E2M1 codes in each of the 8 places of a word (each pair's first and second code) under a
+    few block scales, one weight times x = 1 at a time, through bf16 rows."""
+    n = 16 * 8
+    codes = torch.arange(16, dtype=torch.uint8).repeat(8)  # row r: code r % 16 at k = r // 16
+    packed = torch.zeros(n, 8, dtype=torch.uint8)
+    ks = torch.arange(n) // 16
+    packed[torch.arange(n), ks // 2] = torch.where(ks % 2 == 0, codes, codes << 4)
+    scale = torch.tensor([0x38, 0x01, 0x7E, 0x40], dtype=torch.uint8)[torch.arange(n) % 4]  # 1, 2^-9, 448, 2
+    w = NVFP4Weight(packed, scale[:, None].view(torch.float8_e4m3fn), torch.tensor(1.0))
+    lib = cpu_linear.library()
+    for k in range(8):
+        x = torch.zeros(1, 16, dtype=torch.bfloat16)
+        x[0, k] = 1.0
+        y = cpu_linear.nvfp4_rows(lib, x, prepack_nvfp4(w), (0,), 1.0)
+        assert torch.equal(y[0], dequantize_nvfp4(w)[:, k]), k
+
+
+def test_nvfp4_bf16_rows_do_not_depend_on_the_call(monkeypatch):
+    """bf16 rows give the same bits alone, inside any batch, and with one thread or several."""
+    gen = torch.Generator().manual_seed(5)
+    w = random_nvfp4(1030, 1552, gen)
+    p = prepack_nvfp4(w)
+    run = lambda x: cpu_linear.nvfp4_rows(cpu_linear.library(), x, p, (0,), 0.5)  # noqa: E731
+    x = torch.randn(33, 1552, generator=gen).bfloat16()
+    monkeypatch.setattr(cpu_linear, "MIN_THREAD_WORK", 1 << 12)
+    monkeypatch.setattr(cpu_linear, "threads", lambda: 3)
+    alone = torch.cat([run(x[i:i + 1]) for i in range(33)])
+    for m in (2, 6, 8, 9, 33):
+        assert torch.equal(run(x[:m]), alone[:m]), m

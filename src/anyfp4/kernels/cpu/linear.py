@@ -82,12 +82,56 @@ def _select_expression(bits: dict[int, int], exact: bool) -> str:
     return expr
 
 
+def _rotation_expression(bits: dict[int, int]) -> str:
+    """A C expression of ROTL (rotate left) and SEL with word bit ``bits[t]`` at bit t for each target bit t and
+    anything at the other bits: one rotation for all targets that move by the same amount (none for those that
+    stay), merged by bit selects."""
+    groups: dict[int, int] = {}
+    for t, src in bits.items():
+        groups[(t - src) % 32] = groups.get((t - src) % 32, 0) | 1 << t
+    expr = None
+    for r in sorted(groups, key=lambda r: (r != 0, r)):  # the word as it is first (no operation)
+        moved = "w" if r == 0 else f"ROTL(w,{r})"
+        expr = moved if expr is None else f"SEL({expr},{moved},{groups[r]})"
+    return expr
+
+
+def _pair_index(a: int, b: int) -> dict[int, int]:
+    """Target bits of a 16-bit-lane permute's two indices: code a's bits at 0..3, code b's at 16..19."""
+    return {**{t: CODE_BITS[a][t] for t in range(4)}, **{16 + t: CODE_BITS[b][t] for t in range(4)}}
+
+
+def _expression_cost(expr: str) -> int:
+    return expr.count("ROTL") + expr.count("SEL")
+
+
+@functools.lru_cache(maxsize=1)
+def nvfp4_code_pairs() -> tuple[tuple[int, int], ...]:
+    """The four (first, second) code pairs of a word whose pair indices take the fewest operations (every pairing
+    and order tried): the bf16 dot-product path decodes and multiplies a word's codes two at a time."""
+    def pairings(codes):
+        if not codes:
+            yield ()
+            return
+        for i in range(1, len(codes)):
+            rest = codes[1:i] + codes[i + 1:]
+            for tail in pairings(rest):
+                yield ((codes[0], codes[i]), *tail)
+                yield ((codes[i], codes[0]), *tail)
+    return min(pairings(tuple(range(len(CODE_BITS)))),
+               key=lambda ps: sum(_expression_cost(_rotation_expression(_pair_index(*p))) for p in ps))
+
+
 def _defines() -> list[str]:
     defines = [f"-DTILE_ROWS={TILE_ROWS}", f"-DTILE_WORDS={TILE_WORDS}", f"-DTILE_BLOCKS={TILE_BLOCKS}",
                f"-DWORDS_PER_BLOCK={WORDS_PER_BLOCK}"]
     defines += [f"-DNVFP4_CODE_{i}(w)={_field_expression(bits)}" for i, bits in enumerate(CODE_BITS)]
     defines += [f"-DNVFP4_INDEX_{i}(w)={_select_expression(dict(enumerate(bits)), exact=False)}"
                 for i, bits in enumerate(CODE_BITS)]
+    pairs = nvfp4_code_pairs()
+    defines += [f"-DNVFP4_PAIR_INDEX_{p}(w)={_rotation_expression(_pair_index(a, b))}"
+                for p, (a, b) in enumerate(pairs)]
+    defines += ["-DNVFP4_PAIR_CODES={" + ",".join(str(c) for pair in pairs for c in pair) + "}"]
     # an E4M3 value's magnitude at fp16 bits 7-13 and its sign at 15, the rest 0
     defines += [f"-DFP8_HALF_{i}(w)={_select_expression({**{7 + b: bits[b] for b in range(7)}, 15: bits[7]}, True)}"
                 for i, bits in enumerate(BYTE_BITS)]
@@ -149,11 +193,19 @@ def _build(cc: str, out_dir: Path, extra: tuple[str, ...] = ()) -> Path:
 def open_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-    lib.nvfp4_linear_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64,
-                                      i64, f32, ptr, i64]
+    lib.nvfp4_linear_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64, i64, i64, i64, i64, i64,
+                                      i64, i64, f32, ptr, i64]
     lib.fp8_linear_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, i64]
     lib.nvfp4_linear_rows.restype = lib.fp8_linear_rows.restype = ctypes.c_int
+    lib.weight_cpu_features.argtypes, lib.weight_cpu_features.restype = [], ctypes.c_int64
     return lib
+
+
+def features(lib) -> dict[str, bool]:
+    """What a build of the kernels computes with: the AVX-512 kernels, and the bf16 dot products that NVFP4 layers
+    take for bf16 activations (CPUs with AVX512_BF16)."""
+    bits = lib.weight_cpu_features()
+    return {"avx512": bool(bits & 1), "bf16_dot_products": bool(bits & 2)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -276,9 +328,10 @@ def _checked(status: int) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _nvfp4_strides(words_per_row: int, blocks_per_row: int) -> tuple[torch.Tensor, int, int, int, int, int]:
-    """(scale offsets inside a tile per row and block, word stride per row block / row / tile, scale stride per
-    row block / tile), from the prepack's offset functions."""
+def _nvfp4_strides(words_per_row: int, blocks_per_row: int) -> tuple:
+    """(per tile row: the aligned 16 bytes of the tile that hold its block scales, and each lane's byte in them;
+    word stride per row block / row / tile, scale stride per row block / tile), from the prepack's offset
+    functions."""
     if any(tiled_word_offset(r, j, words_per_row) != r * TILE_WORDS + j for r in range(TILE_ROWS)
            for j in range(TILE_WORDS)):
         raise AssertionError("weight_cpu.c reads tile rows of TILE_WORDS consecutive words")
@@ -286,7 +339,9 @@ def _nvfp4_strides(words_per_row: int, blocks_per_row: int) -> tuple[torch.Tenso
                            for r in range(TILE_ROWS)], dtype=torch.int64)
     if (inside // 16 != inside[:, :1] // 16).any() or inside.max() >= TILE_ROWS * TILE_BLOCKS:
         raise AssertionError("weight_cpu.c reads a row's block scales from one aligned 16 bytes of its tile")
-    return (inside, tiled_word_offset(TILE_ROWS, 0, words_per_row), TILE_WORDS,
+    spans = inside[:, 0] // 16 * 16
+    lane_bytes = (inside[:, torch.arange(TILE_WORDS) // WORDS_PER_BLOCK] - spans[:, None]).to(torch.uint8)
+    return (spans.contiguous(), lane_bytes.contiguous(), tiled_word_offset(TILE_ROWS, 0, words_per_row), TILE_WORDS,
             tiled_word_offset(0, TILE_WORDS, words_per_row), tiled_scale_offset(TILE_ROWS, 0, blocks_per_row),
             tiled_scale_offset(0, TILE_BLOCKS, blocks_per_row))
 
@@ -311,11 +366,11 @@ def nvfp4_rows(lib, x2: torch.Tensor, w: NVFP4Prepacked, row_starts: tuple[int, 
     x2, x_dtype = _activations(x2)
     words = w.codes.shape[1]
     codes, scales = w.codes.contiguous(), w.scales.contiguous()  # the C code reads them as dense row-major
-    inside, word_rowblock, word_row, word_tile, scale_rowblock, scale_tile = _nvfp4_strides(words, words // 2)
+    spans, lane_bytes, *strides = _nvfp4_strides(words, words // 2)
     y = output_rows(m, w, row_starts)
     out_scale = 1.0 if global_scale is None else global_scale
-    args = (codes.data_ptr(), scales.data_ptr(), x2.data_ptr(), x_dtype, x2.stride(0), k, m, inside.data_ptr(),
-            tiles_with_k(k, 8), word_rowblock, word_row, word_tile, scale_rowblock, scale_tile)
+    args = (codes.data_ptr(), scales.data_ptr(), x2.data_ptr(), x_dtype, x2.stride(0), k, m, spans.data_ptr(),
+            lane_bytes.data_ptr(), tiles_with_k(k, 8), *strides)
     _run_split(lambda n0, n1: _checked(lib.nvfp4_linear_rows(*args, n0, n1, out_scale, y.data_ptr(), y.shape[1])),
                [(s, s + w.out_features) for s in row_starts], m * w.in_features)
     return joined(y, row_starts, w.out_features)

@@ -9,9 +9,12 @@
      FP8_MAGNITUDE_i(w)        for i = 0..3: the 7 magnitude bits of E4M3 value i of word w
      FP8_SIGN_i(w)             its sign, at bit 0
      FP8_HALF_i(w)             the magnitude at bits 7..13 and the sign at bit 15, every other bit of 0..15 zero
-   each an expression of SRL (shift right), SHL, AND, OR and SEL (bit select), written from the prepack's bit
-   tables.
-   and the tiles' strides come in as arguments (computed by the prepack's own offset functions).
+     NVFP4_PAIR_CODES          {a0, b0, .., a3, b3}: the codes a word's four pairs take (the bf16 path below)
+     NVFP4_PAIR_INDEX_p(w)     pair p's code a at bits 0..3 and code b at bits 16..19, anything elsewhere
+   each an expression of SRL (shift right), SHL, ROTL (rotate left), AND, OR and SEL (bit select), written from
+   the prepack's bit tables. The tiles' strides come in as arguments, and so do, per row of a tile, the aligned
+   16 bytes that hold its block scales and each lane's byte in them (computed by the prepack's own offset
+   functions).
 
    Activations come as the caller's rows (float32, bfloat16 or float16, unit stride along k) and are permuted
    here, once per call, into float32 x_perm: for tile t, field i (code or byte i of a word) and lane j (word j
@@ -23,8 +26,9 @@
    word's products of code values and x (fields in order, from zero) and adds that sum times the word's block
    scale to its accumulator (FP8: the products straight into it); then the TILE_WORDS lanes are added by halving.
    A tile's sum starting from zero keeps the dependency chain across tiles one multiply-add long (2x at M = 1 on
-   a 4096x4096 layer). Nothing depends on how many rows of x
-   share the call or how the output rows are split between threads, so a row's bits do not depend on M. */
+   a 4096x4096 layer). On CPUs with bf16 dot products (AVX512_BF16), NVFP4 with bf16 rows sums a word's codes
+   two at a time instead (see NVFP4_BF16_ROWS). Nothing depends on how many rows of x share the call or how the
+   output rows are split between threads, so a row's bits do not depend on M. */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -59,12 +63,31 @@ static inline float halving_sum(const float *v) {
 #define OR(a, b) _mm512_or_si512(a, b)
 #define SEL(a, b, m) _mm512_ternarylogic_epi32(a, b, _mm512_set1_epi32(m), 0xD8) /* m's bits from b, else a */
 
-/* y[m * ldy] = scale * (the lanes of acc[m] added by halving), for the mb rows of x of a call */
+/* A weight row's words are one 64-byte line per tile, a tile's size apart, which the hardware prefetchers do not
+   follow: the lines of row n + PREFETCH_ROWS (and its scale bytes) are asked for while row n computes. */
+#ifndef PREFETCH_ROWS
+#define PREFETCH_ROWS 8
+#endif
+#define PREFETCH_WORDS(q)                                                                                       \
+            {                                                                                               \
+                const uint32_t *qrow = codes + ((q) / TILE_ROWS) * word_rowblock + ((q) % TILE_ROWS) * word_row; \
+                for (int64_t t = 0; t < tiles; t++) _mm_prefetch((const char *)(qrow + t * word_tile), _MM_HINT_T0); \
+            }
+#define PREFETCH_SCALES(q)                                                                                      \
+            {                                                                                               \
+                const uint8_t *qs = scales + ((q) / TILE_ROWS) * scale_rowblock + spans[(q) % TILE_ROWS];    \
+                for (int64_t t = 0; t < tiles; t++) _mm_prefetch((const char *)(qs + t * scale_tile), _MM_HINT_T0); \
+            }
+
+/* y[m * ldy] = scale * (the lanes of acc[m] added by halving, as halving_sum: lane j + lane j + 8, then + 4, + 2,
+   + 1), for the mb rows of x of a call */
 static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, int64_t ldy) {
     for (int m = 0; m < mb; m++) {
-        float lanes[16];
-        _mm512_storeu_ps(lanes, acc[m]);
-        y[m * ldy] = scale * halving_sum(lanes);
+        const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(acc[m]), _mm512_extractf32x8_ps(acc[m], 1));
+        const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+        const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+        const __m128 h1 = _mm_add_ss(h2, _mm_movehdup_ps(h2));
+        y[m * ldy] = scale * _mm_cvtss_f32(h1);
     }
 }
 
@@ -78,9 +101,10 @@ static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, 
 
 #define NVFP4_ROWS(MB)                                                                                          \
 static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const float *x_perm,              \
-                            const int64_t *scale_inside, int64_t tiles, int64_t word_rowblock,               \
-                            int64_t word_row, int64_t word_tile, int64_t scale_rowblock, int64_t scale_tile, \
-                            int64_t n0, int64_t n1, int64_t m0, float out_scale, float *y, int64_t ldy) {    \
+                            const int64_t *spans, const uint8_t *lane_bytes, int64_t tiles,                  \
+                            int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t scale_rowblock, \
+                            int64_t scale_tile,                                                              \
+                            int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float out_scale, float *y, int64_t ldy) {    \
     const int mb = MB;                                                                                      \
     float values[16];                                                                                       \
     for (int c = 0; c < 16; c++) values[c] = (c & 8 ? -1.0f : 1.0f) * e2m1[c & 7];                           \
@@ -91,12 +115,11 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
         const int64_t r = n % TILE_ROWS;                                                                    \
         const uint32_t *wrow = codes + (n / TILE_ROWS) * word_rowblock + r * word_row;                       \
         const uint8_t *srow = scales + (n / TILE_ROWS) * scale_rowblock;                                     \
+        if (n + PREFETCH_ROWS < n_end) PREFETCH_WORDS(n + PREFETCH_ROWS) PREFETCH_SCALES(n + PREFETCH_ROWS)  \
         /* lane j takes the scale of block j / 2: the row's 8 scale bytes, each twice, picked by a byte    \
            shuffle from the aligned 16 bytes of the tile that hold them all (linear.py checks that they do) */\
-        const int64_t span = scale_inside[r * TILE_BLOCKS] & ~(int64_t)15;                                 \
-        char lane_byte[16];                                                                                 \
-        for (int j = 0; j < 16; j++) lane_byte[j] = (char)(scale_inside[r * TILE_BLOCKS + j / WORDS_PER_BLOCK] - span); \
-        const __m128i byte_index = _mm_loadu_si128((const __m128i *)lane_byte);                             \
+        const int64_t span = spans[r];                                                                      \
+        const __m128i byte_index = _mm_loadu_si128((const __m128i *)(lane_bytes + r * 16));                 \
         for (int64_t t = 0; t < tiles; t++) {                                                               \
             const __m512i w = _mm512_loadu_si512(wrow + t * word_tile);                                     \
             const __m512i sb = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(                                       \
@@ -117,6 +140,62 @@ NVFP4_ROWS(2)
 NVFP4_ROWS(4)
 NVFP4_ROWS(8)
 
+#if defined(__AVX512BF16__)
+/* bf16 activations on CPUs with bf16 dot products: a word's codes two at a time (pairs NVFP4_PAIR_CODES), both
+   bf16 values of a pair by one 16-bit permute of a 32-entry table (every code twice: the index's bit 4 is
+   anything), then one dot product per row of x with x's pair (x_pair: the two bf16 values of those k in one 32-bit
+   lane, the first code's low). The products are exact; each dot product adds them into the tile's sum in its
+   fixed order (with the instruction's flush of subnormal inputs and results to zero). */
+#define NVFP4_BF16_PATH 1
+#define ROTL(w, r) _mm512_rol_epi32(w, r)
+#define NVFP4_PAIR_STEP(p)                                                                                      \
+            {                                                                                               \
+                const __m512bh v = (__m512bh)_mm512_permutexvar_epi16(NVFP4_PAIR_INDEX_##p(w), table);      \
+                for (int m = 0; m < mb; m++)                                                                \
+                    part[m] = _mm512_dpbf16_ps(part[m], v,                                                  \
+                        (__m512bh)_mm512_loadu_si512(xq + (m * tiles * 4 + p) * TILE_WORDS));              \
+            }
+
+#define NVFP4_BF16_ROWS(MB)                                                                                     \
+static void nvfp4_bf16_rows_##MB(const uint32_t *codes, const uint8_t *scales, const uint32_t *x_pair,      \
+                                 const int64_t *spans, const uint8_t *lane_bytes, int64_t tiles,             \
+                                 int64_t word_rowblock,                                                      \
+                                 int64_t word_row, int64_t word_tile, int64_t scale_rowblock,                \
+                                 int64_t scale_tile, int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float out_scale,    \
+                                 float *y, int64_t ldy) {                                                    \
+    const int mb = MB;                                                                                      \
+    uint16_t values[32];                                                                                    \
+    for (int c = 0; c < 32; c++) values[c] = (uint16_t)(as_bits((c & 8 ? -1.0f : 1.0f) * e2m1[c & 7]) >> 16); \
+    const __m512i table = _mm512_loadu_si512(values);                                                       \
+    for (int64_t n = n0; n < n1; n++) {                                                                     \
+        __m512 acc[MB];                                                                                     \
+        for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();                                          \
+        const int64_t r = n % TILE_ROWS;                                                                    \
+        const uint32_t *wrow = codes + (n / TILE_ROWS) * word_rowblock + r * word_row;                       \
+        const uint8_t *srow = scales + (n / TILE_ROWS) * scale_rowblock;                                     \
+        if (n + PREFETCH_ROWS < n_end) PREFETCH_WORDS(n + PREFETCH_ROWS) PREFETCH_SCALES(n + PREFETCH_ROWS)  \
+        const int64_t span = spans[r];                                                                      \
+        const __m128i byte_index = _mm_loadu_si128((const __m128i *)(lane_bytes + r * 16));                 \
+        for (int64_t t = 0; t < tiles; t++) {                                                               \
+            const __m512i w = _mm512_loadu_si512(wrow + t * word_tile);                                     \
+            const __m512i sb = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(                                       \
+                _mm_loadu_si128((const __m128i *)(srow + t * scale_tile + span)), byte_index));              \
+            const __m512 bs = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(sb, 20)), _mm512_set1_ps(P117)); \
+            const uint32_t *xq = x_pair + ((m0 * tiles + t) * 4) * TILE_WORDS;                               \
+            __m512 part[MB];                                                                                \
+            for (int m = 0; m < MB; m++) part[m] = _mm512_setzero_ps();                                     \
+            NVFP4_PAIR_STEP(0) NVFP4_PAIR_STEP(1) NVFP4_PAIR_STEP(2) NVFP4_PAIR_STEP(3)                     \
+            for (int m = 0; m < MB; m++) acc[m] = _mm512_fmadd_ps(part[m], bs, acc[m]);                     \
+        }                                                                                                   \
+        store_rows(acc, MB, out_scale, y + m0 * ldy + n, ldy);                                             \
+    }                                                                                                       \
+}
+NVFP4_BF16_ROWS(1)
+NVFP4_BF16_ROWS(2)
+NVFP4_BF16_ROWS(4)
+NVFP4_BF16_ROWS(8)
+#endif
+
 /* FP8: a value's 7 magnitude bits at fp16 bits 7-13 and its sign at 15 are e4m3 * 2^-8 as an fp16 (subnormals
    included), widened exactly to float32; the row scale times 2^8 comes at the end. */
 #define FP8_STEP(i)                                                                                             \
@@ -130,12 +209,13 @@ NVFP4_ROWS(8)
 #define FP8_ROWS(MB)                                                                                            \
 static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const float *x_perm, int64_t tiles, \
                           int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t n0, int64_t n1, \
-                          int64_t m0, float *y, int64_t ldy) {                                                \
+                          int64_t n_end, int64_t m0, float *y, int64_t ldy) {                                                \
     const int mb = MB;                                                                                      \
     for (int64_t n = n0; n < n1; n++) {                                                                     \
         __m512 acc[MB];                                                                                     \
         for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();                                          \
         const uint32_t *wrow = codes + (n / TILE_ROWS) * word_rowblock + (n % TILE_ROWS) * word_row;         \
+        if (n + PREFETCH_ROWS < n_end) PREFETCH_WORDS(n + PREFETCH_ROWS)                                    \
         for (int64_t t = 0; t < tiles; t++) {                                                               \
             const __m512i w = _mm512_loadu_si512(wrow + t * word_tile);                                     \
             const float *xp = x_perm + ((m0 * tiles + t) * 4) * TILE_WORDS;                                  \
@@ -178,9 +258,10 @@ static inline uint32_t fp8_sign(uint32_t w, int i) {
    [0, rows) with rows <= MB (the decoded tile is shared by the MB rows of x). */
 #define NVFP4_ROWS(MB)                                                                                          \
 static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const float *x_perm,              \
-                            const int64_t *scale_inside, int64_t tiles, int64_t word_rowblock,               \
-                            int64_t word_row, int64_t word_tile, int64_t scale_rowblock, int64_t scale_tile, \
-                            int64_t n0, int64_t n1, int64_t m0, float out_scale, float *y, int64_t ldy) {    \
+                            const int64_t *spans, const uint8_t *lane_bytes, int64_t tiles,                  \
+                            int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t scale_rowblock, \
+                            int64_t scale_tile,                                                              \
+                            int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float out_scale, float *y, int64_t ldy) {    \
     for (int64_t n = n0; n < n1; n++) {                                                                     \
         float acc[MB][TILE_WORDS];                                                                          \
         memset(acc, 0, sizeof acc);                                                                         \
@@ -192,7 +273,7 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
             const uint8_t *s = srow + t * scale_tile;                                                       \
             float bs[TILE_WORDS], part[MB][TILE_WORDS];                                                     \
             for (int j = 0; j < TILE_WORDS; j++)                                                            \
-                bs[j] = as_float((uint32_t)s[scale_inside[r * TILE_BLOCKS + j / WORDS_PER_BLOCK]] << 20) * P117; \
+                bs[j] = as_float((uint32_t)s[spans[r] + lane_bytes[r * TILE_WORDS + j]] << 20) * P117;         \
             memset(part, 0, sizeof part);                                                                   \
             for (int i = 0; i < 8; i++) {                                                                   \
                 float v[TILE_WORDS];                                                                        \
@@ -227,7 +308,7 @@ static inline float e4m3_magnitude(uint32_t mag7) {
 #define FP8_ROWS(MB)                                                                                            \
 static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const float *x_perm, int64_t tiles, \
                           int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t n0, int64_t n1, \
-                          int64_t m0, float *y, int64_t ldy) {                                                \
+                          int64_t n_end, int64_t m0, float *y, int64_t ldy) {                                                \
     for (int64_t n = n0; n < n1; n++) {                                                                     \
         float acc[MB][TILE_WORDS];                                                                          \
         memset(acc, 0, sizeof acc);                                                                         \
@@ -283,7 +364,8 @@ static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int6
             for (int i = 0; i < fields; i++)
                 for (int j = 0; j < TILE_WORDS; j++) {
                     const int64_t kk = (t * TILE_WORDS + j) * fields + i;
-                    xp[((m * tiles + t) * fields + i) * TILE_WORDS + j] = kk < k ? x_value(x, dtype, m * ldx + kk) : 0.0f;
+                    xp[((m * tiles + t) * fields + i) * TILE_WORDS + j] =
+                        kk < k ? x_value(x, dtype, m * ldx + kk) : 0.0f;
                 }
     return xp;
 }
@@ -292,10 +374,69 @@ static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int6
    (x_dtype, k values a row at row stride ldx; `tiles`: the tiles that hold k < K). A row block of the weight
    (TILE_ROWS rows) is decoded for 8, 4, 2, then 1 rows of x at a time while it is in cache. y is (rows, ldy)
    float32; column n of it gets weight row n. Returns 0, or -1 if the permuted x could not be allocated. */
+#ifdef NVFP4_BF16_PATH
+/* bf16 x (rows, k) -> a new x_pair of `tiles` tiles: for tile t, pair p and lane j, the bf16 bits of x at the k
+   of the pair's first code (low half) and second code (high half) of word j; zero past K */
+static uint32_t *paired(const uint16_t *x, int64_t ldx, int64_t rows, int64_t k, int64_t tiles) {
+    static const int pair_codes[8] = NVFP4_PAIR_CODES;
+    uint32_t *xq = malloc((size_t)(rows * tiles * 4 * TILE_WORDS + 1) * sizeof(uint32_t));
+    if (!xq) return NULL;
+    for (int64_t m = 0; m < rows; m++)
+        for (int64_t t = 0; t < tiles; t++)
+            for (int p = 0; p < 4; p++)
+                for (int j = 0; j < TILE_WORDS; j++) {
+                    const int64_t k0 = (t * TILE_WORDS + j) * 8;
+                    const int64_t ka = k0 + pair_codes[2 * p], kb = k0 + pair_codes[2 * p + 1];
+                    const uint32_t a = ka < k ? x[m * ldx + ka] : 0, b = kb < k ? x[m * ldx + kb] : 0;
+                    xq[((m * tiles + t) * 4 + p) * TILE_WORDS + j] = a | b << 16;
+                }
+    return xq;
+}
+
+static int nvfp4_bf16_linear_rows(const uint32_t *codes, const uint8_t *scales, const uint16_t *x, int64_t ldx,
+                                  int64_t k, int64_t rows, const int64_t *spans, const uint8_t *lane_bytes,
+                                  int64_t tiles,
+                                  int64_t word_rowblock, int64_t word_row, int64_t word_tile,
+                                  int64_t scale_rowblock, int64_t scale_tile, int64_t n0, int64_t n1,
+                                  float out_scale, float *y, int64_t ldy) {
+    uint32_t *x_pair = paired(x, ldx, rows, k, tiles);
+    if (!x_pair) return -1;
+    for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
+        const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
+        int64_t m = 0;
+#define NVFP4_BF16_CHUNK(MB)                                                                                    \
+        for (; rows - m >= MB; m += MB)                                                                     \
+            nvfp4_bf16_rows_##MB(codes, scales, x_pair, spans, lane_bytes, tiles, word_rowblock, word_row,        \
+                                 word_tile, scale_rowblock, scale_tile, b0, b1, n1, m, out_scale, y, ldy);
+        NVFP4_BF16_CHUNK(8) NVFP4_BF16_CHUNK(4) NVFP4_BF16_CHUNK(2) NVFP4_BF16_CHUNK(1)
+    }
+    free(x_pair);
+    return 0;
+}
+#endif
+
+/* What this build computes with: bit 0 the AVX-512 kernels, bit 1 the bf16 dot products for bf16 x (NVFP4) */
+int64_t weight_cpu_features(void) {
+#if defined(NVFP4_BF16_PATH)
+    return 3;
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && TILE_WORDS == 16 && \
+    !defined(WEIGHT_CPU_PORTABLE)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const void *x, int64_t x_dtype, int64_t ldx,
-                      int64_t k, int64_t rows, const int64_t *scale_inside, int64_t tiles, int64_t word_rowblock,
-                      int64_t word_row, int64_t word_tile, int64_t scale_rowblock, int64_t scale_tile, int64_t n0,
-                      int64_t n1, float out_scale, float *y, int64_t ldy) {
+                      int64_t k, int64_t rows, const int64_t *spans, const uint8_t *lane_bytes, int64_t tiles,
+                      int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t scale_rowblock,
+                      int64_t scale_tile, int64_t n0, int64_t n1, float out_scale, float *y, int64_t ldy) {
+#ifdef NVFP4_BF16_PATH
+    if (x_dtype == X_BFLOAT16)
+        return nvfp4_bf16_linear_rows(codes, scales, (const uint16_t *)x, ldx, k, rows, spans, lane_bytes, tiles,
+                                      word_rowblock, word_row, word_tile, scale_rowblock, scale_tile, n0, n1,
+                                      out_scale, y, ldy);
+#endif
     float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 8);
     if (!x_perm) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
@@ -303,8 +444,8 @@ int nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const void *
         int64_t m = 0;
 #define NVFP4_CHUNK(MB)                                                                                         \
         for (; rows - m >= MB; m += MB)                                                                     \
-            nvfp4_rows_##MB(codes, scales, x_perm, scale_inside, tiles, word_rowblock, word_row, word_tile,  \
-                            scale_rowblock, scale_tile, b0, b1, m, out_scale, y, ldy);
+            nvfp4_rows_##MB(codes, scales, x_perm, spans, lane_bytes, tiles, word_rowblock, word_row, word_tile,  \
+                            scale_rowblock, scale_tile, b0, b1, n1, m, out_scale, y, ldy);
         NVFP4_CHUNK(8) NVFP4_CHUNK(4) NVFP4_CHUNK(2) NVFP4_CHUNK(1)
     }
     free(x_perm);
@@ -321,7 +462,8 @@ int fp8_linear_rows(const uint32_t *codes, const float *row_scale, const void *x
         int64_t m = 0;
 #define FP8_CHUNK(MB)                                                                                           \
         for (; rows - m >= MB; m += MB)                                                                     \
-            fp8_rows_##MB(codes, row_scale, x_perm, tiles, word_rowblock, word_row, word_tile, b0, b1, m, y, ldy);
+            fp8_rows_##MB(codes, row_scale, x_perm, tiles, word_rowblock, word_row, word_tile, b0, b1, n1, m, y, \
+                          ldy);
         FP8_CHUNK(8) FP8_CHUNK(4) FP8_CHUNK(2) FP8_CHUNK(1)
     }
     free(x_perm);
