@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import anyfp4.ops  # noqa: F401  (registers the ops)
-from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
+from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4, quantize_nvfp4
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -292,3 +292,15 @@ def test_fused_prefill_switch_read_inside_the_op(monkeypatch):
     assert rel(yg, gref) < 2e-2
     share = torch.ops.anyfp4.nvfp4_linear_partial(x, p.codes, p.scales, p.global_scale, 1024, 1536)
     assert share.dtype == torch.float32 and rel(share * p.global_scale, reference(x, w)) < 1e-5
+
+
+def test_ops_refuse_a_call_autograd_would_record():
+    """No backward formula: with grad enabled and an input requiring grad the op refuses by name (a silently
+    missing gradient otherwise); under no_grad it runs."""
+    gen = torch.Generator().manual_seed(2)
+    p = prepack_nvfp4(quantize_nvfp4(torch.randn(16, 64, generator=gen)))
+    x = torch.randn(2, 64, generator=gen, requires_grad=True)
+    with pytest.raises(RuntimeError, match="anyfp4::nvfp4_linear has no backward"):
+        torch.ops.anyfp4.nvfp4_linear(x, p.codes, p.scales, p.global_scale, None, 16, 64)
+    with torch.no_grad():
+        assert torch.ops.anyfp4.nvfp4_linear(x, p.codes, p.scales, p.global_scale, None, 16, 64).shape == (2, 16)

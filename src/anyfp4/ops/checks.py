@@ -8,6 +8,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..packing import fp8 as fp8_packing
+from ..packing import nvfp4 as nvfp4_packing
+from ..packing.layout import K_ALIGN, ROW_ALIGN, round_up
+
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -18,7 +22,8 @@ def check_activations(x: Tensor, in_features: int, name: str, *weights: Tensor) 
         raise TypeError(f"{name}: activations must be float16 or bfloat16, got {x.dtype}")
     if x.shape[-1] != in_features:
         raise ValueError(f"{name}: x has {x.shape[-1]} features, the weight expects {in_features}")
-    if any(t.device != x.device for t in weights):
+    device = x.device
+    if any(t.device != device for t in weights):
         raise ValueError(f"{name}: x and the weight tensors must be on one device")
     if x.device.type == "cuda":
         from ..kernels.device import device_arch
@@ -44,8 +49,6 @@ def check_geometry(codes: Tensor, k_per_word: int, out_features: int, in_feature
     """``out_features`` / ``in_features`` / ``up_offset`` are the ones the prepack was made for: a prepack of N x K
     holds exactly round_up(N, ROW_ALIGN) rows (twice that, gated, up from ``up_offset``) and round_up(K, K_ALIGN)
     columns, so no output column can fall into the padding."""
-    from ..packing.layout import K_ALIGN, ROW_ALIGN, round_up
-
     if out_features <= 0 or in_features <= 0:
         raise ValueError(f"{name}: out_features and in_features must be positive, got {out_features}, {in_features}")
     if codes.dim() != 2 or codes.shape[1] * k_per_word != round_up(in_features, K_ALIGN):
@@ -61,13 +64,12 @@ def check_geometry(codes: Tensor, k_per_word: int, out_features: int, in_feature
 
 def check_nvfp4(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_features: int, in_features: int,
            up_offset: int, name: str) -> None:
-    from ..packing.nvfp4 import K_PER_WORD
-
+    k_per_word = nvfp4_packing.K_PER_WORD
     check_activations(x, in_features, name, codes, scales, global_scale)
-    if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] * K_PER_WORD < in_features:
+    if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] * k_per_word < in_features:
         raise ValueError(f"{name}: codes must be a 2-D int32 prepack covering K = {in_features}, got "
                          f"{codes.dtype} {tuple(codes.shape)}")
-    check_geometry(codes, K_PER_WORD, out_features, in_features, up_offset, name)
+    check_geometry(codes, k_per_word, out_features, in_features, up_offset, name)
     rows = up_offset + out_features if up_offset else out_features
     if codes.shape[0] < rows or scales.dtype != torch.uint8 or scales.shape != (codes.shape[0], codes.shape[1] // 2):
         raise ValueError(f"{name}: scales {scales.dtype} {tuple(scales.shape)} do not match codes {tuple(codes.shape)}")
@@ -85,16 +87,16 @@ def check_fake_devices(name: str, x: Tensor, *tensors: Optional[Tensor]) -> None
 
 def check_fp8(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_features: int, up_offset: int,
                name: str) -> None:
-    from ..packing.fp8 import K_PER_WORD
-
+    k_per_word = fp8_packing.K_PER_WORD
     check_activations(x, in_features, name, codes, scales)
     rows = up_offset + out_features if up_offset else out_features
-    if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] * K_PER_WORD < in_features or codes.shape[0] < rows:
+    if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] * k_per_word < in_features \
+            or codes.shape[0] < rows:
         raise ValueError(f"{name}: codes must be a 2-D int32 FP8 prepack covering {rows} x {in_features}, got "
                          f"{codes.dtype} {tuple(codes.shape)}")
     if scales.dtype != torch.float32 or scales.shape != (codes.shape[0],):
         raise ValueError(f"{name}: scales must be float32 ({codes.shape[0]},), got {scales.dtype} {tuple(scales.shape)}")
-    check_geometry(codes, K_PER_WORD, out_features, in_features, up_offset, name)
+    check_geometry(codes, k_per_word, out_features, in_features, up_offset, name)
 
 
 def check_input_scale(input_scale: Optional[Tensor], x: Tensor, name: str) -> None:

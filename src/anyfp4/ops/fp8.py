@@ -9,9 +9,11 @@ import torch
 from torch import Tensor
 
 from ..formats.fp8 import dequantize_fp8
+from ..kernels.cpu.linear import fp8_rows
 from ..packing.fp8 import FP8Prepacked, unprepack_fp8
 from .checks import check_bias, check_fake_devices, check_fp8, check_input_scale
 from .linear_run import FormatKernels, cpu_linear, reference_linear, run_linear
+from .registry import linear_op
 
 K_PER_WORD = 4  # FP8 codes per int32 word
 
@@ -23,8 +25,6 @@ def _dense(w: FP8Prepacked):
 
 
 def _cpu_rows(lib, x2: Tensor, w: FP8Prepacked, row_starts: tuple[int, ...], scaled: bool) -> Tensor:
-    from ..kernels.cpu.linear import fp8_rows
-
     return fp8_rows(lib, x2, w, row_starts, scaled)
 
 
@@ -74,7 +74,7 @@ def fp8_on_gpu(x: Tensor, w: FP8Prepacked, bias: Optional[Tensor], partial: bool
     return run_linear(x, w, bias, FP8, partial=partial, split_k=split_k, on_gpu=True)
 
 
-@torch.library.custom_op("anyfp4::fp8_linear", mutates_args=())
+@linear_op("fp8_linear")
 def fp8_linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Optional[Tensor], out_features: int,
                in_features: int, split_k: int = 0, input_scale: Optional[Tensor] = None) -> Tensor:
     check_fp8(x, codes, scales, out_features, in_features, 0, "fp8_linear")
@@ -90,7 +90,7 @@ def _(x, codes, scales, bias, out_features, in_features, split_k=0, input_scale=
     return x.new_empty(*x.shape[:-1], out_features)
 
 
-@torch.library.custom_op("anyfp4::fp8_linear_partial", mutates_args=())
+@linear_op("fp8_linear_partial")
 def fp8_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, out_features: int, in_features: int,
                        split_k: int = 0) -> Tensor:
     """``x @ W^T`` before the row scales, in float32, not rounded (see ``nvfp4_linear_partial``)."""
@@ -105,7 +105,7 @@ def _(x, codes, scales, out_features, in_features, split_k=0):
     return x.new_empty(*x.shape[:-1], out_features, dtype=torch.float32)
 
 
-@torch.library.custom_op("anyfp4::fp8_gated", mutates_args=())
+@linear_op("fp8_gated")
 def fp8_gated(x: Tensor, codes: Tensor, scales: Tensor, up_offset: int, out_features: int,
               in_features: int, split_k: int = 0, input_scale: Optional[Tensor] = None) -> Tensor:
     if up_offset <= 0:

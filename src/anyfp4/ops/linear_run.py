@@ -15,8 +15,10 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from .. import env
 from ..dispatch.limits import DECODE_ROWS
 from ..dispatch.policy import Choice, Kernel, choose_kernel
+from ..kernels.cpu.linear import library, linear_on_rows
 
 
 @dataclass(frozen=True)
@@ -95,8 +97,6 @@ def reference_linear(x: Tensor, w, bias: Optional[Tensor], fmt: FormatKernels, p
 
 def cpu_linear(x: Tensor, w, bias: Optional[Tensor], fmt: FormatKernels, partial: bool = False) -> Tensor:
     """The op on the CPU: the C kernels (``kernels.cpu.linear``) where they build, else ``reference_linear``."""
-    from ..kernels.cpu.linear import library, linear_on_rows
-
     lib = library()
     if lib is None:
         return reference_linear(x, w, bias, fmt, partial)
@@ -107,8 +107,6 @@ def _choice(fmt: FormatKernels, m: int, sm: Optional[int], partial: bool, input_
             dtype: torch.dtype) -> Choice:
     """The policy's choice, from the switches of ``env.py`` and (on a GPU) whether the CUDA kernel serves it and
     the activation dtype."""
-    from .. import env
-
     facts = dict(partial=partial, has_input_scale=input_scale is not None)
     if fmt.name == "fp8":
         facts["fp8_prefill"] = env.fp8_prefill_mode()
@@ -127,8 +125,6 @@ def run_linear(x: Tensor, w, bias: Optional[Tensor], fmt: FormatKernels, *, part
     scales, not rounded — a row-parallel rank's share), by the kernel ``dispatch.policy`` chooses. ``split_k``
     (> 0): the CUDA decode kernel's K slices for every M (else the launch table's); ``input_scale``: the static
     activation scale the opt-in W8A8 prefill quantizes with; ``on_gpu``: the GPU path (default: x on CUDA)."""
-    from ..kernels import device
-
     on_gpu = x.is_cuda if on_gpu is None else on_gpu
     x2 = x.reshape(-1, w.in_features)
     shape = (*x.shape[:-1], w.out_features)
@@ -136,7 +132,12 @@ def run_linear(x: Tensor, w, bias: Optional[Tensor], fmt: FormatKernels, *, part
     out_dtype = torch.float32 if partial else None
     if on_gpu and m == 0:
         return x.new_empty(shape, dtype=out_dtype or x.dtype)
-    sm, sms = device.device_arch(x.device.index) if on_gpu else (None, 0)
+    if on_gpu:
+        from ..kernels import device
+
+        sm, sms = device.device_arch(x.device.index)
+    else:
+        sm, sms = None, 0
     choice = _choice(fmt, m, sm, partial, input_scale, x.dtype)
     if choice.warning:
         warn_once(choice.warning)

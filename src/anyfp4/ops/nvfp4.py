@@ -9,9 +9,11 @@ import torch
 from torch import Tensor
 
 from ..formats.nvfp4 import dequantize_nvfp4
+from ..kernels.cpu.linear import nvfp4_rows
 from ..packing.nvfp4 import NVFP4Prepacked, unprepack_nvfp4, unprepack_nvfp4_gated
 from .checks import check_bias, check_fake_devices, check_nvfp4
 from .linear_run import FormatKernels, cpu_linear, reference_linear, run_linear
+from .registry import linear_op
 
 K_PER_WORD = 8  # 4-bit codes per int32 word
 
@@ -23,8 +25,6 @@ def _dense(w: NVFP4Prepacked):
 
 
 def _cpu_rows(lib, x2: Tensor, w: NVFP4Prepacked, row_starts: tuple[int, ...], scaled: bool) -> Tensor:
-    from ..kernels.cpu.linear import nvfp4_rows
-
     return nvfp4_rows(lib, x2, w, row_starts, float(w.global_scale) if scaled else None)
 
 
@@ -88,7 +88,7 @@ def _prepack(codes: Tensor, scales: Tensor, global_scale: Tensor, up_offset: int
     return NVFP4Prepacked(codes, scales, global_scale, out_features, in_features, up_offset)
 
 
-@torch.library.custom_op("anyfp4::nvfp4_linear", mutates_args=())
+@linear_op("nvfp4_linear")
 def nvfp4_linear(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, bias: Optional[Tensor],
                  out_features: int, in_features: int, split_k: int = 0) -> Tensor:
     check_nvfp4(x, codes, scales, global_scale, out_features, in_features, 0, "nvfp4_linear")
@@ -103,7 +103,7 @@ def _(x, codes, scales, global_scale, bias, out_features, in_features, split_k=0
     return x.new_empty(*x.shape[:-1], out_features)
 
 
-@torch.library.custom_op("anyfp4::nvfp4_gated", mutates_args=())
+@linear_op("nvfp4_gated")
 def nvfp4_gated(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, up_offset: int,
                 out_features: int, in_features: int, split_k: int = 0) -> Tensor:
     if up_offset <= 0:
@@ -119,7 +119,7 @@ def _(x, codes, scales, global_scale, up_offset, out_features, in_features, spli
     return x.new_empty(*x.shape[:-1], out_features)
 
 
-@torch.library.custom_op("anyfp4::nvfp4_linear_partial", mutates_args=())
+@linear_op("nvfp4_linear_partial")
 def nvfp4_linear_partial(x: Tensor, codes: Tensor, scales: Tensor, global_scale: Tensor, out_features: int,
                          in_features: int, split_k: int = 0) -> Tensor:
     """``x @ W^T / global_scale`` in float32, not rounded: a row-parallel rank's share of a sum that the ranks
