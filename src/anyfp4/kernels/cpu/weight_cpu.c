@@ -34,6 +34,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* rows of x a pass over a weight row block decodes for: up to 8 (a call takes 8 at a time, then the rest at once;
+   the bf16 dot products up to 4: at 8 their sums and partial sums no longer fit the registers, 2.4x the time
+   of 4) */
+#define EVERY_MB(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+#define EVERY_MB_TO_4(X) X(1) X(2) X(3) X(4)
+
 #if !defined(TILE_ROWS) || !defined(TILE_WORDS) || !defined(TILE_BLOCKS) || !defined(WORDS_PER_BLOCK)
 #error "the layout defines (TILE_ROWS, TILE_WORDS, TILE_BLOCKS, WORDS_PER_BLOCK, NVFP4_CODE_i, ...) come from linear.py"
 #endif
@@ -135,10 +141,7 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
         store_rows(acc, MB, out_scale, y + m0 * ldy + n, ldy);                                             \
     }                                                                                                       \
 }
-NVFP4_ROWS(1)
-NVFP4_ROWS(2)
-NVFP4_ROWS(4)
-NVFP4_ROWS(8)
+EVERY_MB(NVFP4_ROWS)
 
 #if defined(__AVX512BF16__)
 /* bf16 activations on CPUs with bf16 dot products: a word's codes two at a time (pairs NVFP4_PAIR_CODES), both
@@ -190,10 +193,7 @@ static void nvfp4_bf16_rows_##MB(const uint32_t *codes, const uint8_t *scales, c
         store_rows(acc, MB, out_scale, y + m0 * ldy + n, ldy);                                             \
     }                                                                                                       \
 }
-NVFP4_BF16_ROWS(1)
-NVFP4_BF16_ROWS(2)
-NVFP4_BF16_ROWS(4)
-NVFP4_BF16_ROWS(8)
+EVERY_MB_TO_4(NVFP4_BF16_ROWS)
 #endif
 
 /* FP8: a value's 7 magnitude bits at fp16 bits 7-13 and its sign at 15 are e4m3 * 2^-8 as an fp16 (subnormals
@@ -225,10 +225,7 @@ static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const f
         store_rows(acc, MB, scale, y + m0 * ldy + n, ldy);                                                 \
     }                                                                                                       \
 }
-FP8_ROWS(1)
-FP8_ROWS(2)
-FP8_ROWS(4)
-FP8_ROWS(8)
+EVERY_MB(FP8_ROWS)
 
 #else  /* portable C: the same operations in the same order, one lane at a time */
 #define SRL(w, s) ((w) >> (s))
@@ -292,10 +289,7 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
         for (int m = 0; m < MB; m++) y[(m0 + m) * ldy + n] = out_scale * halving_sum(acc[m]);               \
     }                                                                                                       \
 }
-NVFP4_ROWS(1)
-NVFP4_ROWS(2)
-NVFP4_ROWS(4)
-NVFP4_ROWS(8)
+EVERY_MB(NVFP4_ROWS)
 
 /* E4M3 byte (sign removed) -> float: the 7 bits in a float's exponent/mantissa, rebiased by 120 (2^-7 * (1 +
    m / 8) for a zero exponent field, corrected to the subnormal m * 2^-9: exact, and no float subnormals). */
@@ -330,10 +324,7 @@ static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const f
         for (int m = 0; m < MB; m++) y[(m0 + m) * ldy + n] = scale * halving_sum(acc[m]);                   \
     }                                                                                                       \
 }
-FP8_ROWS(1)
-FP8_ROWS(2)
-FP8_ROWS(4)
-FP8_ROWS(8)
+EVERY_MB(FP8_ROWS)
 
 #endif
 
@@ -372,8 +363,8 @@ static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int6
 
 /* Entry points: output rows [n0, n1) (the caller's threads take disjoint ranges) and all `rows` rows of x
    (x_dtype, k values a row at row stride ldx; `tiles`: the tiles that hold k < K). A row block of the weight
-   (TILE_ROWS rows) is decoded for 8, 4, 2, then 1 rows of x at a time while it is in cache. y is (rows, ldy)
-   float32; column n of it gets weight row n. Returns 0, or -1 if the permuted x could not be allocated. */
+   (TILE_ROWS rows) is decoded for 8 (bf16 dot products: 4) rows of x at a time, then the rest at once, while it
+   is in cache. y is (rows, ldy) float32; column n of it gets weight row n. Returns 0, or -1 if the permuted x could not be allocated. */
 #ifdef NVFP4_BF16_PATH
 /* bf16 x (rows, k) -> a new x_pair of `tiles` tiles: for tile t, pair p and lane j, the bf16 bits of x at the k
    of the pair's first code (low half) and second code (high half) of word j; zero past K */
@@ -403,12 +394,12 @@ static int nvfp4_bf16_linear_rows(const uint32_t *codes, const uint8_t *scales, 
     if (!x_pair) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
-        int64_t m = 0;
-#define NVFP4_BF16_CHUNK(MB)                                                                                    \
-        for (; rows - m >= MB; m += MB)                                                                     \
-            nvfp4_bf16_rows_##MB(codes, scales, x_pair, spans, lane_bytes, tiles, word_rowblock, word_row,        \
-                                 word_tile, scale_rowblock, scale_tile, b0, b1, n1, m, out_scale, y, ldy);
-        NVFP4_BF16_CHUNK(8) NVFP4_BF16_CHUNK(4) NVFP4_BF16_CHUNK(2) NVFP4_BF16_CHUNK(1)
+#define NVFP4_BF16_CASE(MB)                                                                                     \
+            case MB: nvfp4_bf16_rows_##MB(codes, scales, x_pair, spans, lane_bytes, tiles, word_rowblock,       \
+                                          word_row, word_tile, scale_rowblock, scale_tile, b0, b1, n1, m,       \
+                                          out_scale, y, ldy); break;
+        for (int64_t m = 0, mb; m < rows; m += mb)
+            switch (mb = rows - m < 4 ? rows - m : 4) { EVERY_MB_TO_4(NVFP4_BF16_CASE) }
     }
     free(x_pair);
     return 0;
@@ -441,12 +432,11 @@ int nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const void *
     if (!x_perm) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
-        int64_t m = 0;
-#define NVFP4_CHUNK(MB)                                                                                         \
-        for (; rows - m >= MB; m += MB)                                                                     \
-            nvfp4_rows_##MB(codes, scales, x_perm, spans, lane_bytes, tiles, word_rowblock, word_row, word_tile,  \
-                            scale_rowblock, scale_tile, b0, b1, n1, m, out_scale, y, ldy);
-        NVFP4_CHUNK(8) NVFP4_CHUNK(4) NVFP4_CHUNK(2) NVFP4_CHUNK(1)
+#define NVFP4_CASE(MB)                                                                                          \
+            case MB: nvfp4_rows_##MB(codes, scales, x_perm, spans, lane_bytes, tiles, word_rowblock, word_row,  \
+                                     word_tile, scale_rowblock, scale_tile, b0, b1, n1, m, out_scale, y, ldy); break;
+        for (int64_t m = 0, mb; m < rows; m += mb)
+            switch (mb = rows - m < 8 ? rows - m : 8) { EVERY_MB(NVFP4_CASE) }
     }
     free(x_perm);
     return 0;
@@ -459,12 +449,11 @@ int fp8_linear_rows(const uint32_t *codes, const float *row_scale, const void *x
     if (!x_perm) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
-        int64_t m = 0;
-#define FP8_CHUNK(MB)                                                                                           \
-        for (; rows - m >= MB; m += MB)                                                                     \
-            fp8_rows_##MB(codes, row_scale, x_perm, tiles, word_rowblock, word_row, word_tile, b0, b1, n1, m, y, \
-                          ldy);
-        FP8_CHUNK(8) FP8_CHUNK(4) FP8_CHUNK(2) FP8_CHUNK(1)
+#define FP8_CASE(MB)                                                                                            \
+            case MB: fp8_rows_##MB(codes, row_scale, x_perm, tiles, word_rowblock, word_row, word_tile, b0, b1, \
+                                   n1, m, y, ldy); break;
+        for (int64_t m = 0, mb; m < rows; m += mb)
+            switch (mb = rows - m < 8 ? rows - m : 8) { EVERY_MB(FP8_CASE) }
     }
     free(x_perm);
     return 0;
