@@ -108,7 +108,7 @@ def _choice(fmt: FormatKernels, m: int, sm: Optional[int], partial: bool, input_
     """The policy's choice, from the switches of ``env.py`` and (on a GPU) whether the CUDA kernel serves it and
     the activation dtype."""
     facts = dict(partial=partial, has_input_scale=input_scale is not None)
-    if fmt.name == "fp8":
+    if fmt.name == "fp8" and input_scale is not None:  # the switch matters only for a layer with an input scale
         facts["fp8_prefill"] = env.fp8_prefill_mode()
     if sm is not None:
         from ..kernels.cuda import weight_mma

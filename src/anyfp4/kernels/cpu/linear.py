@@ -411,4 +411,5 @@ def linear_on_rows(x: torch.Tensor, w: NVFP4Prepacked | FP8Prepacked, bias: torc
         y = rows(x2, (0,), True)
         if bias is not None:
             y = y + bias.float()
-    return y.to(x.dtype).reshape(shape)
+    y = y.to(x.dtype)
+    return y if y.shape == shape else y.reshape(shape)
