@@ -1,7 +1,7 @@
 """The one op boundary: ``torch.ops.anyfp4.*``. Every kernel is reached from here; importing this package
 registers the ops (``ops.nvfp4``, ``ops.fp8``: the quantized linears, their references and CPU paths;
-``ops.glue``: the runner's layer glue; ``ops.gdn``: the Gated DeltaNet mixer's; ``ops.linear_run``: the run both formats share; ``ops.checks``: argument
-checks).
+``ops.glue``: the runner's layer glue; ``ops.gdn``: the Gated DeltaNet mixer's; ``ops.linear_run``: the run both
+formats share; ``ops.checks``: argument checks; ``ops.registry``: how the quantized linears are registered).
 
 - ``nvfp4_linear(x, codes, scales, global_scale, bias, out_features, in_features)``:
   ``x @ W^T (+ bias)`` for an NVFP4 prepack (``packing.nvfp4``).

@@ -25,14 +25,15 @@ def _library() -> torch.library.Library:
 
 
 class RegisteredOp:
-    """What ``linear_op`` returns: the function itself (callable as before) and ``register_fake``."""
+    """What ``linear_op`` returns: called, the op through the dispatcher (as a ``custom_op`` object is); and
+    ``register_fake``."""
 
     def __init__(self, name: str, fn):
-        self.name, self._fn = name, fn
+        self.name = name
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
-        return self._fn(*args, **kwargs)
+        return getattr(getattr(torch.ops, NAMESPACE), self.name)(*args, **kwargs)
 
     def register_fake(self, fake):
         torch.library.register_fake(f"{NAMESPACE}::{self.name}", lib=_library())(fake)
