@@ -23,7 +23,7 @@ from anyfp4.bench.random_weights import random_bf16, random_fp8
 from anyfp4.bench.shapes import DECODE_M, PREFILL_M, SHAPES
 from anyfp4.bench.timing import ROTATE_BYTES, copy_bandwidth, graph_seconds
 from anyfp4.formats.fp8 import dequantize_fp8
-from anyfp4.ops import fp8_linear
+from anyfp4.ops.fp8 import fp8_linear
 from anyfp4.packing.fp8 import prepack_fp8
 
 
