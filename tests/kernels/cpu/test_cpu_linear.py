@@ -167,7 +167,8 @@ def test_portable_path_matches_reference(tmp_path):
     for half in (x.bfloat16(), x.half()):  # widened in C
         close(cpu_linear.nvfp4_rows(lib, half, prepack_nvfp4(w), (0,), 3e-3),
               half.double() @ dequantize_nvfp4(w).double().t())
-        close(cpu_linear.fp8_rows(lib, half, prepack_fp8(f), (0,), True), half.double() @ dequantize_fp8(f).double().t())
+        close(cpu_linear.fp8_rows(lib, half, prepack_fp8(f), (0,), True),
+              half.double() @ dequantize_fp8(f).double().t())
 
 
 def test_prepacks_refuse_nan_alike():
@@ -208,8 +209,8 @@ def bf16_dot_products() -> bool:
 def test_half_activations_and_strided_rows(fmt, dtype):
     """The C code widens bf16 / fp16 rows itself (fp16 subnormals, signed zeros and the largest values included)
     and reads rows at any row stride: a strided view gives the bits of the same rows made dense, and these equal
-    those of the same values as float32 rows — except NVFP4 with bf16 rows on CPUs with bf16 dot products, which
-    sum in another order (then close to them)."""
+    those of the same values as float32 rows — except bf16 rows on CPUs with bf16 dot products, which sum in
+    another order (then close to them)."""
     gen = torch.Generator().manual_seed(21)
     k = 272  # not a whole number of tiles: the prepack's padding past K is skipped
     if fmt == "nvfp4":
@@ -224,22 +225,29 @@ def test_half_activations_and_strided_rows(fmt, dtype):
     for x in (wide[:, ::2], wide[:, :k]):  # row stride 2k, column stride 2 / 1 (read in place)
         y = run(x)
         assert torch.equal(y, run(x.contiguous()))
-        if fmt == "nvfp4" and dtype == torch.bfloat16 and bf16_dot_products():
+        if dtype == torch.bfloat16 and bf16_dot_products():
             close(y, run(x.float()))
         else:
             assert torch.equal(y, run(x.float().contiguous()))
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 @pytest.mark.parametrize("n, k", SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 8, 13])
-def test_nvfp4_bf16_rows_match_reference(n, k, m):
-    """bf16 rows (the bf16 dot products where the CPU has them): the reference's sums, every output written."""
+def test_bf16_rows_match_reference(fmt, n, k, m):
+    """bf16 rows (the bf16 dot products where the CPU has them): the reference's sums."""
     gen = torch.Generator().manual_seed(n * 1000 + k + m + 3)
-    w = random_nvfp4(n, k, gen)
     x = torch.randn(m, k, generator=gen).bfloat16()
-    y = cpu_linear.nvfp4_rows(cpu_linear.library(), x, prepack_nvfp4(w), (0,), float(w.global_scale))
+    if fmt == "nvfp4":
+        w = random_nvfp4(n, k, gen)
+        y = cpu_linear.nvfp4_rows(cpu_linear.library(), x, prepack_nvfp4(w), (0,), float(w.global_scale))
+        ref = x.double() @ dequantize_nvfp4(w).double().t()
+    else:
+        f = random_fp8(n, k, gen)
+        y = cpu_linear.fp8_rows(cpu_linear.library(), x, prepack_fp8(f), (0,), True)
+        ref = x.double() @ dequantize_fp8(f).double().t()
     assert y.shape == (m, n)
-    close(y, x.double() @ dequantize_nvfp4(w).double().t())
+    close(y, ref)
 
 
 def test_every_code_decodes_with_bf16_rows():
@@ -260,12 +268,32 @@ def test_every_code_decodes_with_bf16_rows():
         assert torch.equal(y[0], dequantize_nvfp4(w)[:, k]), k
 
 
-def test_nvfp4_bf16_rows_do_not_depend_on_the_call(monkeypatch):
+def test_every_fp8_byte_decodes_with_bf16_rows():
+    """Every finite E4M3 byte (subnormals, both zeros) in each of the 4 places of a word (each pair's first and
+    second value), one weight times x = 1 at a time, through bf16 rows."""
+    values = torch.arange(256, dtype=torch.uint8)
+    values = values[(values & 0x7F) != 0x7F]
+    lib = cpu_linear.library()
+    for k in range(4):
+        codes = torch.zeros(len(values), 4, dtype=torch.uint8)
+        codes[:, k] = values
+        f = FP8Weight(codes.view(torch.float8_e4m3fn), torch.ones(len(values)))
+        x = torch.zeros(1, 4, dtype=torch.bfloat16)
+        x[0, k] = 1.0
+        y = cpu_linear.fp8_rows(lib, x, prepack_fp8(f), (0,), True)
+        assert torch.equal(y[0], dequantize_fp8(f)[:, k]), k
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_bf16_rows_do_not_depend_on_the_call(fmt, monkeypatch):
     """bf16 rows give the same bits alone, inside any batch, and with one thread or several."""
     gen = torch.Generator().manual_seed(5)
-    w = random_nvfp4(1030, 1552, gen)
-    p = prepack_nvfp4(w)
-    run = lambda x: cpu_linear.nvfp4_rows(cpu_linear.library(), x, p, (0,), 0.5)  # noqa: E731
+    if fmt == "nvfp4":
+        p = prepack_nvfp4(random_nvfp4(1030, 1552, gen))
+        run = lambda x: cpu_linear.nvfp4_rows(cpu_linear.library(), x, p, (0,), 0.5)  # noqa: E731
+    else:
+        p = prepack_fp8(random_fp8(1030, 1552, gen))
+        run = lambda x: cpu_linear.fp8_rows(cpu_linear.library(), x, p, (0,), True)  # noqa: E731
     x = torch.randn(33, 1552, generator=gen).bfloat16()
     monkeypatch.setattr(cpu_linear, "MIN_THREAD_WORK", 1 << 12)
     monkeypatch.setattr(cpu_linear, "threads", lambda: 3)

@@ -82,10 +82,10 @@ def _select_expression(bits: dict[int, int], exact: bool) -> str:
     return expr
 
 
-def _rotation_expression(bits: dict[int, int]) -> str:
-    """A C expression of ROTL (rotate left) and SEL with word bit ``bits[t]`` at bit t for each target bit t and
-    anything at the other bits: one rotation for all targets that move by the same amount (none for those that
-    stay), merged by bit selects."""
+def _rotation_expression(bits: dict[int, int], exact: bool = False) -> str:
+    """A C expression of ROTL (rotate left), SEL and AND with word bit ``bits[t]`` at bit t for each target bit t:
+    one rotation for all targets that move by the same amount (none for those that stay), merged by bit selects;
+    ``exact``: every other bit 0 (one AND at the end), else anything."""
     groups: dict[int, int] = {}
     for t, src in bits.items():
         groups[(t - src) % 32] = groups.get((t - src) % 32, 0) | 1 << t
@@ -93,7 +93,7 @@ def _rotation_expression(bits: dict[int, int]) -> str:
     for r in sorted(groups, key=lambda r: (r != 0, r)):  # the word as it is first (no operation)
         moved = "w" if r == 0 else f"ROTL(w,{r})"
         expr = moved if expr is None else f"SEL({expr},{moved},{groups[r]})"
-    return expr
+    return f"AND({expr},{sum(groups.values())})" if exact else expr
 
 
 def _pair_index(a: int, b: int) -> dict[int, int]:
@@ -102,23 +102,40 @@ def _pair_index(a: int, b: int) -> dict[int, int]:
 
 
 def _expression_cost(expr: str) -> int:
-    return expr.count("ROTL") + expr.count("SEL")
+    return expr.count("ROTL") + expr.count("SEL") + expr.count("AND")
+
+
+def _fp8_pair_bits(a: int, b: int) -> dict[int, int]:
+    """Target bits of two E4M3 values as a bf16 pair read as ``e4m3 * 2^-120``: value a's 7 magnitude bits at 4..10
+    and sign at 15, value b's at 20..26 and 31."""
+    return {**{4 + i: BYTE_BITS[a][i] for i in range(7)}, 15: BYTE_BITS[a][7],
+            **{20 + i: BYTE_BITS[b][i] for i in range(7)}, 31: BYTE_BITS[b][7]}
+
+
+def _pairings(values: tuple[int, ...]):
+    """Every split of ``values`` into ordered pairs."""
+    if not values:
+        yield ()
+        return
+    for i in range(1, len(values)):
+        rest = values[1:i] + values[i + 1:]
+        for tail in _pairings(rest):
+            yield ((values[0], values[i]), *tail)
+            yield ((values[i], values[0]), *tail)
+
+
+@functools.lru_cache(maxsize=1)
+def fp8_byte_pairs() -> tuple[tuple[int, int], ...]:
+    """The two (first, second) value pairs of an FP8 word whose bf16 pair bits take the fewest operations."""
+    return min(_pairings(tuple(range(len(BYTE_BITS)))),
+               key=lambda ps: sum(_expression_cost(_rotation_expression(_fp8_pair_bits(*p), True)) for p in ps))
 
 
 @functools.lru_cache(maxsize=1)
 def nvfp4_code_pairs() -> tuple[tuple[int, int], ...]:
     """The four (first, second) code pairs of a word whose pair indices take the fewest operations (every pairing
     and order tried): the bf16 dot-product path decodes and multiplies a word's codes two at a time."""
-    def pairings(codes):
-        if not codes:
-            yield ()
-            return
-        for i in range(1, len(codes)):
-            rest = codes[1:i] + codes[i + 1:]
-            for tail in pairings(rest):
-                yield ((codes[0], codes[i]), *tail)
-                yield ((codes[i], codes[0]), *tail)
-    return min(pairings(tuple(range(len(CODE_BITS)))),
+    return min(_pairings(tuple(range(len(CODE_BITS)))),
                key=lambda ps: sum(_expression_cost(_rotation_expression(_pair_index(*p))) for p in ps))
 
 
@@ -132,6 +149,10 @@ def _defines() -> list[str]:
     defines += [f"-DNVFP4_PAIR_INDEX_{p}(w)={_rotation_expression(_pair_index(a, b))}"
                 for p, (a, b) in enumerate(pairs)]
     defines += ["-DNVFP4_PAIR_CODES={" + ",".join(str(c) for pair in pairs for c in pair) + "}"]
+    fp8_pairs = fp8_byte_pairs()
+    defines += [f"-DFP8_PAIR_BITS_{p}(w)={_rotation_expression(_fp8_pair_bits(a, b), True)}"
+                for p, (a, b) in enumerate(fp8_pairs)]
+    defines += ["-DFP8_PAIR_BYTES={" + ",".join(str(c) for pair in fp8_pairs for c in pair) + "}"]
     # an E4M3 value's magnitude at fp16 bits 7-13 and its sign at 15, the rest 0
     defines += [f"-DFP8_HALF_{i}(w)={_select_expression({**{7 + b: bits[b] for b in range(7)}, 15: bits[7]}, True)}"
                 for i, bits in enumerate(BYTE_BITS)]
@@ -202,8 +223,8 @@ def open_library(path: Path) -> ctypes.CDLL:
 
 
 def features(lib) -> dict[str, bool]:
-    """What a build of the kernels computes with: the AVX-512 kernels, and the bf16 dot products that NVFP4 layers
-    take for bf16 activations (CPUs with AVX512_BF16)."""
+    """What a build of the kernels computes with: the AVX-512 kernels, and the bf16 dot products that NVFP4 and
+    FP8 layers take for bf16 activations (CPUs with AVX512_BF16)."""
     bits = lib.weight_cpu_features()
     return {"avx512": bool(bits & 1), "bf16_dot_products": bool(bits & 2)}
 

@@ -11,6 +11,9 @@
      FP8_HALF_i(w)             the magnitude at bits 7..13 and the sign at bit 15, every other bit of 0..15 zero
      NVFP4_PAIR_CODES          {a0, b0, .., a3, b3}: the codes a word's four pairs take (the bf16 path below)
      NVFP4_PAIR_INDEX_p(w)     pair p's code a at bits 0..3 and code b at bits 16..19, anything elsewhere
+     FP8_PAIR_BYTES            {a0, b0, a1, b1}: the values an FP8 word's two pairs take
+     FP8_PAIR_BITS_p(w)        pair p's values a and b as a bf16 pair (magnitude at 4..10 / 20..26, sign at 15 /
+                               31), every other bit zero
    each an expression of SRL (shift right), SHL, ROTL (rotate left), AND, OR and SEL (bit select), written from
    the prepack's bit tables. The tiles' strides come in as arguments, and so do, per row of a tile, the aligned
    16 bytes that hold its block scales and each lane's byte in them (computed by the prepack's own offset
@@ -26,8 +29,8 @@
    word's products of code values and x (fields in order, from zero) and adds that sum times the word's block
    scale to its accumulator (FP8: the products straight into it); then the TILE_WORDS lanes are added by halving.
    A tile's sum starting from zero keeps the dependency chain across tiles one multiply-add long (2x at M = 1 on
-   a 4096x4096 layer). On CPUs with bf16 dot products (AVX512_BF16), NVFP4 with bf16 rows sums a word's codes
-   two at a time instead (see NVFP4_BF16_ROWS). Nothing depends on how many rows of x share the call or how the
+   a 4096x4096 layer). On CPUs with bf16 dot products (AVX512_BF16), bf16 rows take them instead: a word's
+   values two at a time (NVFP4_BF16_ROWS, FP8_BF16_ROWS). Nothing depends on how many rows of x share the call or how the
    output rows are split between threads, so a row's bits do not depend on M. */
 
 #include <stdint.h>
@@ -65,9 +68,9 @@ static inline float halving_sum(const float *v) {
 #include <immintrin.h>
 #define SRL(w, s) _mm512_srli_epi32(w, s)
 #define SHL(w, s) _mm512_slli_epi32(w, s)
-#define AND(w, m) _mm512_and_si512(w, _mm512_set1_epi32(m))
+#define AND(w, m) _mm512_and_si512(w, _mm512_set1_epi32((int)(m)))
 #define OR(a, b) _mm512_or_si512(a, b)
-#define SEL(a, b, m) _mm512_ternarylogic_epi32(a, b, _mm512_set1_epi32(m), 0xD8) /* m's bits from b, else a */
+#define SEL(a, b, m) _mm512_ternarylogic_epi32(a, b, _mm512_set1_epi32((int)(m)), 0xD8) /* m's bits from b, else a */
 
 /* A weight row's words are one 64-byte line per tile, a tile's size apart, which the hardware prefetchers do not
    follow: the lines of row n + PREFETCH_ROWS (and its scale bytes) are asked for while row n computes. */
@@ -110,7 +113,7 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
                             const int64_t *spans, const uint8_t *lane_bytes, int64_t tiles,                  \
                             int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t scale_rowblock, \
                             int64_t scale_tile,                                                              \
-                            int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float out_scale, float *y, int64_t ldy) {    \
+                            int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float out_scale, float *y, int64_t ldy) { \
     const int mb = MB;                                                                                      \
     float values[16];                                                                                       \
     for (int c = 0; c < 16; c++) values[c] = (c & 8 ? -1.0f : 1.0f) * e2m1[c & 7];                           \
@@ -164,7 +167,7 @@ static void nvfp4_bf16_rows_##MB(const uint32_t *codes, const uint8_t *scales, c
                                  const int64_t *spans, const uint8_t *lane_bytes, int64_t tiles,             \
                                  int64_t word_rowblock,                                                      \
                                  int64_t word_row, int64_t word_tile, int64_t scale_rowblock,                \
-                                 int64_t scale_tile, int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float out_scale,    \
+                                 int64_t scale_tile, int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float out_scale, \
                                  float *y, int64_t ldy) {                                                    \
     const int mb = MB;                                                                                      \
     uint16_t values[32];                                                                                    \
@@ -209,7 +212,7 @@ EVERY_MB_TO_4(NVFP4_BF16_ROWS)
 #define FP8_ROWS(MB)                                                                                            \
 static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const float *x_perm, int64_t tiles, \
                           int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t n0, int64_t n1, \
-                          int64_t n_end, int64_t m0, float *y, int64_t ldy) {                                                \
+                          int64_t n_end, int64_t m0, float *y, int64_t ldy) {                                   \
     const int mb = MB;                                                                                      \
     for (int64_t n = n0; n < n1; n++) {                                                                     \
         __m512 acc[MB];                                                                                     \
@@ -226,6 +229,47 @@ static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const f
     }                                                                                                       \
 }
 EVERY_MB(FP8_ROWS)
+
+#ifdef NVFP4_BF16_PATH
+/* FP8 with bf16 rows: two E4M3 values of a word as a bf16 pair (FP8_PAIR_BITS_p: magnitude bits at 4..10 and sign
+   at 15 of a half, e4m3 * 2^-120), rebiased by 120 in the exponent (exact for every normal E4M3 value), the
+   halves with a zero exponent field (E4M3 subnormals and zero) taken from a table instead; then one dot product
+   per row of x with x's pair, into the accumulator (exact products, the instruction's fixed order). */
+#define FP8_BF16_STEP(p)                                                                                        \
+            {                                                                                               \
+                const __m512i bits = FP8_PAIR_BITS_##p(w);                                                  \
+                const __mmask32 sub = _mm512_testn_epi16_mask(bits, _mm512_set1_epi16(0x0780));             \
+                __m512i v = _mm512_add_epi32(bits, _mm512_set1_epi32(0x3C003C00));                          \
+                v = _mm512_mask_permutexvar_epi16(v, sub, _mm512_srli_epi16(bits, 4), subnormals);          \
+                v = _mm512_ternarylogic_epi32(v, bits, _mm512_set1_epi32((int)0x80008000u), 0xF8);          \
+                for (int m = 0; m < mb; m++)                                                                \
+                    acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)v,                                          \
+                        (__m512bh)_mm512_loadu_si512(xq + (m * tiles * 2 + p) * TILE_WORDS));              \
+            }
+
+#define FP8_BF16_ROWS(MB)                                                                                       \
+static void fp8_bf16_rows_##MB(const uint32_t *codes, const float *row_scale, const uint32_t *x_pair,       \
+                               int64_t tiles, int64_t word_rowblock, int64_t word_row, int64_t word_tile,    \
+                               int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float *y, int64_t ldy) {   \
+    const int mb = MB;                                                                                      \
+    uint16_t values[32] = {0};                                                                              \
+    for (int m = 0; m < 8; m++) values[m] = (uint16_t)(as_bits((float)m * 0.001953125f) >> 16); /* m * 2^-9 */ \
+    const __m512i subnormals = _mm512_loadu_si512(values);                                                  \
+    for (int64_t n = n0; n < n1; n++) {                                                                     \
+        __m512 acc[MB];                                                                                     \
+        for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();                                          \
+        const uint32_t *wrow = codes + (n / TILE_ROWS) * word_rowblock + (n % TILE_ROWS) * word_row;         \
+        if (n + PREFETCH_ROWS < n_end) PREFETCH_WORDS(n + PREFETCH_ROWS)                                    \
+        for (int64_t t = 0; t < tiles; t++) {                                                               \
+            const __m512i w = _mm512_loadu_si512(wrow + t * word_tile);                                     \
+            const uint32_t *xq = x_pair + ((m0 * tiles + t) * 2) * TILE_WORDS;                               \
+            FP8_BF16_STEP(0) FP8_BF16_STEP(1)                                                               \
+        }                                                                                                   \
+        store_rows(acc, MB, row_scale ? row_scale[n] : 1.0f, y + m0 * ldy + n, ldy);                       \
+    }                                                                                                       \
+}
+EVERY_MB_TO_4(FP8_BF16_ROWS)
+#endif
 
 #else  /* portable C: the same operations in the same order, one lane at a time */
 #define SRL(w, s) ((w) >> (s))
@@ -258,7 +302,7 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
                             const int64_t *spans, const uint8_t *lane_bytes, int64_t tiles,                  \
                             int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t scale_rowblock, \
                             int64_t scale_tile,                                                              \
-                            int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float out_scale, float *y, int64_t ldy) {    \
+                            int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float out_scale, float *y, int64_t ldy) { \
     for (int64_t n = n0; n < n1; n++) {                                                                     \
         float acc[MB][TILE_WORDS];                                                                          \
         memset(acc, 0, sizeof acc);                                                                         \
@@ -302,7 +346,7 @@ static inline float e4m3_magnitude(uint32_t mag7) {
 #define FP8_ROWS(MB)                                                                                            \
 static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const float *x_perm, int64_t tiles, \
                           int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t n0, int64_t n1, \
-                          int64_t n_end, int64_t m0, float *y, int64_t ldy) {                                                \
+                          int64_t n_end, int64_t m0, float *y, int64_t ldy) {                                   \
     for (int64_t n = n0; n < n1; n++) {                                                                     \
         float acc[MB][TILE_WORDS];                                                                          \
         memset(acc, 0, sizeof acc);                                                                         \
@@ -364,24 +408,45 @@ static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int6
 /* Entry points: output rows [n0, n1) (the caller's threads take disjoint ranges) and all `rows` rows of x
    (x_dtype, k values a row at row stride ldx; `tiles`: the tiles that hold k < K). A row block of the weight
    (TILE_ROWS rows) is decoded for 8 (bf16 dot products: 4) rows of x at a time, then the rest at once, while it
-   is in cache. y is (rows, ldy) float32; column n of it gets weight row n. Returns 0, or -1 if the permuted x could not be allocated. */
+   is in cache. y is (rows, ldy) float32; column n of it gets weight row n. Returns 0, or -1 if the permuted x
+   could not be allocated. */
 #ifdef NVFP4_BF16_PATH
 /* bf16 x (rows, k) -> a new x_pair of `tiles` tiles: for tile t, pair p and lane j, the bf16 bits of x at the k
    of the pair's first code (low half) and second code (high half) of word j; zero past K */
-static uint32_t *paired(const uint16_t *x, int64_t ldx, int64_t rows, int64_t k, int64_t tiles) {
-    static const int pair_codes[8] = NVFP4_PAIR_CODES;
-    uint32_t *xq = malloc((size_t)(rows * tiles * 4 * TILE_WORDS + 1) * sizeof(uint32_t));
+static uint32_t *paired(const uint16_t *x, int64_t ldx, int64_t rows, int64_t k, int64_t tiles, int fields,
+                        const int *pair_fields) {
+    const int pairs = fields / 2;
+    uint32_t *xq = malloc((size_t)(rows * tiles * pairs * TILE_WORDS + 1) * sizeof(uint32_t));
     if (!xq) return NULL;
     for (int64_t m = 0; m < rows; m++)
         for (int64_t t = 0; t < tiles; t++)
-            for (int p = 0; p < 4; p++)
+            for (int p = 0; p < pairs; p++)
                 for (int j = 0; j < TILE_WORDS; j++) {
-                    const int64_t k0 = (t * TILE_WORDS + j) * 8;
-                    const int64_t ka = k0 + pair_codes[2 * p], kb = k0 + pair_codes[2 * p + 1];
+                    const int64_t k0 = (t * TILE_WORDS + j) * fields;
+                    const int64_t ka = k0 + pair_fields[2 * p], kb = k0 + pair_fields[2 * p + 1];
                     const uint32_t a = ka < k ? x[m * ldx + ka] : 0, b = kb < k ? x[m * ldx + kb] : 0;
-                    xq[((m * tiles + t) * 4 + p) * TILE_WORDS + j] = a | b << 16;
+                    xq[((m * tiles + t) * pairs + p) * TILE_WORDS + j] = a | b << 16;
                 }
     return xq;
+}
+
+static const int nvfp4_pair_codes[8] = NVFP4_PAIR_CODES, fp8_pair_bytes[4] = FP8_PAIR_BYTES;
+
+static int fp8_bf16_linear_rows(const uint32_t *codes, const float *row_scale, const uint16_t *x, int64_t ldx,
+                                int64_t k, int64_t rows, int64_t tiles, int64_t word_rowblock, int64_t word_row,
+                                int64_t word_tile, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 4, fp8_pair_bytes);
+    if (!x_pair) return -1;
+    for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
+        const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
+#define FP8_BF16_CASE(MB)                                                                                       \
+            case MB: fp8_bf16_rows_##MB(codes, row_scale, x_pair, tiles, word_rowblock, word_row, word_tile,    \
+                                        b0, b1, n1, m, y, ldy); break;
+        for (int64_t m = 0, mb; m < rows; m += mb)
+            switch (mb = rows - m < 4 ? rows - m : 4) { EVERY_MB_TO_4(FP8_BF16_CASE) }
+    }
+    free(x_pair);
+    return 0;
 }
 
 static int nvfp4_bf16_linear_rows(const uint32_t *codes, const uint8_t *scales, const uint16_t *x, int64_t ldx,
@@ -390,7 +455,7 @@ static int nvfp4_bf16_linear_rows(const uint32_t *codes, const uint8_t *scales, 
                                   int64_t word_rowblock, int64_t word_row, int64_t word_tile,
                                   int64_t scale_rowblock, int64_t scale_tile, int64_t n0, int64_t n1,
                                   float out_scale, float *y, int64_t ldy) {
-    uint32_t *x_pair = paired(x, ldx, rows, k, tiles);
+    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 8, nvfp4_pair_codes);
     if (!x_pair) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
@@ -406,7 +471,7 @@ static int nvfp4_bf16_linear_rows(const uint32_t *codes, const uint8_t *scales, 
 }
 #endif
 
-/* What this build computes with: bit 0 the AVX-512 kernels, bit 1 the bf16 dot products for bf16 x (NVFP4) */
+/* What this build computes with: bit 0 the AVX-512 kernels, bit 1 the bf16 dot products for bf16 x */
 int64_t weight_cpu_features(void) {
 #if defined(NVFP4_BF16_PATH)
     return 3;
@@ -445,6 +510,11 @@ int nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const void *
 int fp8_linear_rows(const uint32_t *codes, const float *row_scale, const void *x, int64_t x_dtype, int64_t ldx,
                     int64_t k, int64_t rows, int64_t tiles, int64_t word_rowblock, int64_t word_row,
                     int64_t word_tile, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+#ifdef NVFP4_BF16_PATH
+    if (x_dtype == X_BFLOAT16)
+        return fp8_bf16_linear_rows(codes, row_scale, (const uint16_t *)x, ldx, k, rows, tiles, word_rowblock,
+                                    word_row, word_tile, n0, n1, y, ldy);
+#endif
     float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 4);
     if (!x_perm) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
