@@ -1,7 +1,8 @@
 /* Weight-only NVFP4 / FP8 linears on the CPU, reading the GPU prepack as it is (no untiling per call).
 
    Built at first use by the system C compiler (kernels/cpu/linear.py), which passes the layout as defines
-   taken from packing/layout.py and the prepack modules, the owners of the layout:
+   (kernels/cpu/weight_cpu_defines.py) taken from packing/layout.py and the prepack modules, the owners of the
+   layout:
      TILE_ROWS, TILE_WORDS     a storage tile: TILE_ROWS rows x TILE_WORDS int32 words, row-major inside
      TILE_BLOCKS               NVFP4 block scales per tile row, WORDS_PER_BLOCK words each
      NVFP4_CODE_i(w)           for i = 0..7: code i of word w (magnitude bits 0..2, sign at bit 3)
