@@ -82,7 +82,10 @@ def vision_stub_if_needed():
     import importlib.util
 
     if importlib.util.find_spec("torchvision") is None:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support" / "stubs"))
+        stubs = str(Path(__file__).resolve().parents[1] / "support" / "stubs")
+        sys.path.insert(0, stubs)
+        # vLLM inspects a model's architecture in a subprocess (no cached result on a fresh machine): it needs them too
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (stubs, os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture(scope="module")
