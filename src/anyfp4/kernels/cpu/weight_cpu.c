@@ -109,16 +109,10 @@ static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, 
                     part[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * tiles * 8 + i) * TILE_WORDS), part[m]);\
             }
 
-#define NVFP4_ROWS(MB)                                                                                          \
-static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const float *x_perm,              \
-                            const int64_t *spans, const uint8_t *lane_bytes, int64_t tiles,                  \
-                            int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t scale_rowblock, \
-                            int64_t scale_tile,                                                              \
-                            int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float out_scale, float *y, int64_t ldy) { \
-    const int mb = MB;                                                                                      \
-    float values[16];                                                                                       \
-    for (int c = 0; c < 16; c++) values[c] = (c & 8 ? -1.0f : 1.0f) * e2m1[c & 7];                           \
-    const __m512 table = _mm512_loadu_ps(values);                                                           \
+/* The rows [n0, n1) of an NVFP4 weight for the MB rows of x from m0 (x_rows: XT values, PER_TILE of them per
+   tile lane): per tile the block scales bs, a sum `part` from zero that STEPS fills from w and xp, then
+   acc += part * bs. The FMA and the bf16 dot-product paths differ only in x's form and STEPS. */
+#define NVFP4_ROW_LOOP(MB, XT, PER_TILE, STEPS)                                                                 \
     for (int64_t n = n0; n < n1; n++) {                                                                     \
         __m512 acc[MB];                                                                                     \
         for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();                                          \
@@ -135,23 +129,35 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
             const __m512i sb = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(                                       \
                 _mm_loadu_si128((const __m128i *)(srow + t * scale_tile + span)), byte_index));              \
             const __m512 bs = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(sb, 20)), _mm512_set1_ps(P117)); \
-            const float *xp = x_perm + ((m0 * tiles + t) * 8) * TILE_WORDS;                                  \
+            const XT *xp = x_rows + ((m0 * tiles + t) * PER_TILE) * TILE_WORDS;                               \
             __m512 part[MB];                                                                                \
             for (int m = 0; m < MB; m++) part[m] = _mm512_setzero_ps();                                     \
-            NVFP4_STEP(0) NVFP4_STEP(1) NVFP4_STEP(2) NVFP4_STEP(3)                                         \
-            NVFP4_STEP(4) NVFP4_STEP(5) NVFP4_STEP(6) NVFP4_STEP(7)                                         \
+            STEPS                                                                                           \
             for (int m = 0; m < MB; m++) acc[m] = _mm512_fmadd_ps(part[m], bs, acc[m]);                     \
         }                                                                                                   \
         store_rows(acc, MB, out_scale, y + m0 * ldy + n, ldy);                                             \
     }                                                                                                       \
+
+#define NVFP4_ROWS(MB)                                                                                          \
+static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const float *x_rows,              \
+                            const int64_t *spans, const uint8_t *lane_bytes, int64_t tiles,                  \
+                            int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t scale_rowblock, \
+                            int64_t scale_tile,                                                              \
+                            int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float out_scale, float *y, int64_t ldy) { \
+    const int mb = MB;                                                                                      \
+    float values[16];                                                                                       \
+    for (int c = 0; c < 16; c++) values[c] = (c & 8 ? -1.0f : 1.0f) * e2m1[c & 7];                           \
+    const __m512 table = _mm512_loadu_ps(values);                                                           \
+    NVFP4_ROW_LOOP(MB, float, 8, NVFP4_STEP(0) NVFP4_STEP(1) NVFP4_STEP(2) NVFP4_STEP(3) NVFP4_STEP(4)       \
+                   NVFP4_STEP(5) NVFP4_STEP(6) NVFP4_STEP(7))                                                \
 }
 EVERY_MB(NVFP4_ROWS)
 
 #if defined(__AVX512BF16__)
 /* bf16 activations on CPUs with bf16 dot products: a word's codes two at a time (pairs NVFP4_PAIR_CODES), both
    bf16 values of a pair by one 16-bit permute of a 32-entry table (every code twice: the index's bit 4 is
-   anything), then one dot product per row of x with x's pair (x_pair: the two bf16 values of those k in one 32-bit
-   lane, the first code's low). The products are exact; each dot product adds them into the tile's sum in its
+   anything), then one dot product per row of x with x's pair (the two bf16 values of those k in one 32-bit
+   lane, the first code's low; NVFP4_ROW_LOOP's x_rows). The products are exact; each dot product adds them into the tile's sum in its
    fixed order (with the instruction's flush of subnormal inputs and results to zero). */
 #define NVFP4_BF16_PATH 1
 #define ROTL(w, r) _mm512_rol_epi32(w, r)
@@ -160,11 +166,11 @@ EVERY_MB(NVFP4_ROWS)
                 const __m512bh v = (__m512bh)_mm512_permutexvar_epi16(NVFP4_PAIR_INDEX_##p(w), table);      \
                 for (int m = 0; m < mb; m++)                                                                \
                     part[m] = _mm512_dpbf16_ps(part[m], v,                                                  \
-                        (__m512bh)_mm512_loadu_si512(xq + (m * tiles * 4 + p) * TILE_WORDS));              \
+                        (__m512bh)_mm512_loadu_si512(xp + (m * tiles * 4 + p) * TILE_WORDS));              \
             }
 
 #define NVFP4_BF16_ROWS(MB)                                                                                     \
-static void nvfp4_bf16_rows_##MB(const uint32_t *codes, const uint8_t *scales, const uint32_t *x_pair,      \
+static void nvfp4_bf16_rows_##MB(const uint32_t *codes, const uint8_t *scales, const uint32_t *x_rows,      \
                                  const int64_t *spans, const uint8_t *lane_bytes, int64_t tiles,             \
                                  int64_t word_rowblock,                                                      \
                                  int64_t word_row, int64_t word_tile, int64_t scale_rowblock,                \
@@ -174,28 +180,7 @@ static void nvfp4_bf16_rows_##MB(const uint32_t *codes, const uint8_t *scales, c
     uint16_t values[32];                                                                                    \
     for (int c = 0; c < 32; c++) values[c] = (uint16_t)(as_bits((c & 8 ? -1.0f : 1.0f) * e2m1[c & 7]) >> 16); \
     const __m512i table = _mm512_loadu_si512(values);                                                       \
-    for (int64_t n = n0; n < n1; n++) {                                                                     \
-        __m512 acc[MB];                                                                                     \
-        for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();                                          \
-        const int64_t r = n % TILE_ROWS;                                                                    \
-        const uint32_t *wrow = codes + (n / TILE_ROWS) * word_rowblock + r * word_row;                       \
-        const uint8_t *srow = scales + (n / TILE_ROWS) * scale_rowblock;                                     \
-        if (n + PREFETCH_ROWS < n_end) PREFETCH_WORDS(n + PREFETCH_ROWS) PREFETCH_SCALES(n + PREFETCH_ROWS)  \
-        const int64_t span = spans[r];                                                                      \
-        const __m128i byte_index = _mm_loadu_si128((const __m128i *)(lane_bytes + r * 16));                 \
-        for (int64_t t = 0; t < tiles; t++) {                                                               \
-            const __m512i w = _mm512_loadu_si512(wrow + t * word_tile);                                     \
-            const __m512i sb = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(                                       \
-                _mm_loadu_si128((const __m128i *)(srow + t * scale_tile + span)), byte_index));              \
-            const __m512 bs = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(sb, 20)), _mm512_set1_ps(P117)); \
-            const uint32_t *xq = x_pair + ((m0 * tiles + t) * 4) * TILE_WORDS;                               \
-            __m512 part[MB];                                                                                \
-            for (int m = 0; m < MB; m++) part[m] = _mm512_setzero_ps();                                     \
-            NVFP4_PAIR_STEP(0) NVFP4_PAIR_STEP(1) NVFP4_PAIR_STEP(2) NVFP4_PAIR_STEP(3)                     \
-            for (int m = 0; m < MB; m++) acc[m] = _mm512_fmadd_ps(part[m], bs, acc[m]);                     \
-        }                                                                                                   \
-        store_rows(acc, MB, out_scale, y + m0 * ldy + n, ldy);                                             \
-    }                                                                                                       \
+    NVFP4_ROW_LOOP(MB, uint32_t, 4, NVFP4_PAIR_STEP(0) NVFP4_PAIR_STEP(1) NVFP4_PAIR_STEP(2) NVFP4_PAIR_STEP(3)) \
 }
 EVERY_MB_TO_4(NVFP4_BF16_ROWS)
 #endif
@@ -299,7 +284,7 @@ static inline uint32_t fp8_sign(uint32_t w, int i) {
 /* NVFP4: y[m, n] = out_scale * sum_k x[m, k] * e2m1 * bs for rows n in [n0, n1) of the prepack, x rows
    [0, rows) with rows <= MB (the decoded tile is shared by the MB rows of x). */
 #define NVFP4_ROWS(MB)                                                                                          \
-static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const float *x_perm,              \
+static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const float *x_rows,              \
                             const int64_t *spans, const uint8_t *lane_bytes, int64_t tiles,                  \
                             int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t scale_rowblock, \
                             int64_t scale_tile,                                                              \
@@ -324,7 +309,7 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
                     v[j] = as_float(as_bits(e2m1[c & 7]) | (c >> 3) << 31);                                 \
                 }                                                                                           \
                 for (int m = 0; m < MB; m++) {                                                              \
-                    const float *xp = x_perm + (((m0 + m) * tiles + t) * 8 + i) * TILE_WORDS;               \
+                    const float *xp = x_rows + (((m0 + m) * tiles + t) * 8 + i) * TILE_WORDS;               \
                     for (int j = 0; j < TILE_WORDS; j++) part[m][j] += v[j] * xp[j];                        \
                 }                                                                                           \
             }                                                                                               \
