@@ -157,8 +157,8 @@ EVERY_MB(NVFP4_ROWS)
 /* bf16 activations on CPUs with bf16 dot products: a word's codes two at a time (pairs NVFP4_PAIR_CODES), both
    bf16 values of a pair by one 16-bit permute of a 32-entry table (every code twice: the index's bit 4 is
    anything), then one dot product per row of x with x's pair (the two bf16 values of those k in one 32-bit
-   lane, the first code's low; NVFP4_ROW_LOOP's x_rows). The products are exact; each dot product adds them into the tile's sum in its
-   fixed order (with the instruction's flush of subnormal inputs and results to zero). */
+   lane, the first code's low; NVFP4_ROW_LOOP's x_rows). The products are exact; each dot product adds them into
+   the tile's sum in its fixed order (with the instruction's flush of subnormal inputs and results to zero). */
 #define NVFP4_BF16_PATH 1
 #define ROTL(w, r) _mm512_rol_epi32(w, r)
 #define NVFP4_PAIR_STEP(p)                                                                                      \
