@@ -40,6 +40,7 @@ class GatedDeltaNet(nn.Module):
         self.recurrent_state: torch.Tensor | None = None
         self.snap_conv: torch.Tensor | None = None  # (b, tokens, ...): the states after each token of a step
         self.snap_recurrent: torch.Tensor | None = None
+        self.snap_views: list[tuple[torch.Tensor, torch.Tensor]] = []  # (conv, recurrent) after token i, made once
 
     def state_tensors(self) -> list:
         """What a step reads and writes beside its inputs (a captured CUDA graph holds on to these tensors: new
@@ -64,6 +65,7 @@ class GatedDeltaNet(nn.Module):
                 setattr(self, name, torch.zeros(shape, dtype=dtype, device=dev))
         if self.snap_recurrent is not None and self.snap_recurrent.shape[0] != batch:
             self.snap_conv = self.snap_recurrent = None  # snapshots of another batch
+            self.snap_views = []
 
     def setup_snapshots(self, tokens: int) -> None:
         """Keep the states after each token of a step of up to ``tokens`` tokens (0: none), so that
@@ -71,6 +73,7 @@ class GatedDeltaNet(nn.Module):
         Needs ``setup_state`` first; fixed buffers, like the states."""
         if tokens <= 0:
             self.snap_conv = self.snap_recurrent = None
+            self.snap_views = []
             return
         b = self.recurrent_state.shape[0]
         old = self.snap_recurrent
@@ -78,6 +81,8 @@ class GatedDeltaNet(nn.Module):
             return
         self.snap_conv = self.conv_state.new_zeros(b, tokens, *self.conv_state.shape[1:])
         self.snap_recurrent = self.recurrent_state.new_zeros(b, tokens, *self.recurrent_state.shape[1:])
+        # the views a return to token i copies from, made here once: a speculative step's return then slices nothing
+        self.snap_views = [(self.snap_conv[:, i], self.snap_recurrent[:, i]) for i in range(tokens)]
 
     def kept_states(self, tokens: int, step_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The copies (state, its snapshot) that put the states as after the first ``tokens`` tokens of the last
@@ -88,8 +93,8 @@ class GatedDeltaNet(nn.Module):
                              f"steps of up to {capacity} (setup_snapshots)")
         if tokens == step_tokens:
             return []
-        return [(self.conv_state, self.snap_conv[:, tokens - 1]),
-                (self.recurrent_state, self.snap_recurrent[:, tokens - 1])]
+        conv, recurrent = self.snap_views[tokens - 1]
+        return [(self.conv_state, conv), (self.recurrent_state, recurrent)]
 
     def keep_states(self, tokens: int, step_tokens: int) -> None:
         """The states as after the first ``tokens`` tokens of the last step, of ``step_tokens`` tokens."""

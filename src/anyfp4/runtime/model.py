@@ -194,10 +194,16 @@ class Transformer(nn.Module):
     def keep_states(self, tokens: int, step_tokens: int) -> None:
         """The recurrent states as after the first ``tokens`` of the last step's ``step_tokens`` tokens (a verify
         step's accepted prefix); the KV cache needs nothing (later steps overwrite the rejected slots). The copies of
-        every layer go in one call (on a GPU, one launch instead of two per layer)."""
-        copies = [pair for mixer in self.mixers_with_state() for pair in mixer.kept_states(tokens, step_tokens)]
-        if copies:
-            torch._foreach_copy_([state for state, _ in copies], [snapshot for _, snapshot in copies])
+        every layer go in one call per dtype (a foreach call of mixed dtypes falls back to one launch per tensor; on
+        an H200 the 96 copies of a 27B hybrid, one call of bf16 and float32 together, took 1.5 ms)."""
+        by_dtype: dict[torch.dtype, tuple[list, list]] = {}
+        for mixer in self.mixers_with_state():
+            for state, snapshot in mixer.kept_states(tokens, step_tokens):
+                states, snapshots = by_dtype.setdefault(state.dtype, ([], []))
+                states.append(state)
+                snapshots.append(snapshot)
+        for states, snapshots in by_dtype.values():
+            torch._foreach_copy_(states, snapshots)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, rope_pos: torch.Tensor | None = None,
                 key_valid: torch.Tensor | None = None, hidden: bool = False):
