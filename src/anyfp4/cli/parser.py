@@ -180,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "checkpoint directory's name)")
     s.add_argument("--max-queue", type=POSITIVE_INT, default=16, help="requests that may wait while one "
                    "generates; more are refused with 429")
+    s.add_argument("--max-batch", type=POSITIVE_INT, default=1, help="greedy requests that wait together are "
+                   "generated as one batch of up to N (more tok/s in all; a row's bits may then differ from the "
+                   "request alone in the last place, so a near tie can change a token); 1: one at a time, each "
+                   "reply exactly what anyfp4 generate prints")
     s.add_argument("--max-tokens-limit", type=POSITIVE_INT, default=1024, help="most new tokens one request may "
                    "ask for (max_tokens above it: 400)")
 

@@ -11,11 +11,12 @@ local endpoint.
     text.py      a reply's text as its tokens come: what is safe to send, where a stop string ends it
     server.py    the socket, uvicorn, and the signals that end it
 
-Concurrency: one worker thread owns the model and generates for one request at a time; requests wait in a
-bounded queue (full: 429) in arrival order. Requests are not batched, because the runner's batched decode does
-not keep a row's bits: on the CPU a row's logits in a batch of four equal prompts, or beside a shorter
-(left-padded) prompt, differed from the row alone in the last bits, so a near tie could change a greedy
-token. Served one at a time, a greedy reply is the text ``anyfp4 generate`` prints for the same prompt and
-max_tokens, however many clients there are. A client that disconnects cancels its request: a queued one
-is dropped, a running one stops at its next token.
+Concurrency: one worker thread owns the model; requests wait in a bounded queue (full: 429) in arrival
+order. By default it generates for one request at a time, because the runner's batched decode does not keep
+a row's bits: on the CPU the logits of a left-padded row (a prompt beside a longer one) differ from the row
+alone in the last bits (rows of the batch's longest length keep them), so a near tie could change a token.
+Served one at a time, a greedy reply is the text ``anyfp4 generate`` prints for the same prompt and
+max_tokens, however many clients there are. ``--max-batch N`` trades that for throughput: greedy requests
+that wait together run as one batched generation (worker.py says which may share one). A client that
+disconnects cancels its request: a queued one is dropped, a running one stops at its next token.
 """

@@ -1,20 +1,30 @@
-"""The generation worker: one thread owns the model and generates for one request at a time, in arrival order,
-from a bounded queue (why one at a time: the package docstring).
+"""The generation worker: one thread owns the model and generates, in arrival order, from a bounded queue, for
+one request at a time or, with ``max_batch`` > 1, for up to that many greedy requests at once (why one at a time
+is the default: the package docstring).
 
 A request is a ``Job`` made on the event loop; the worker sends its events back to that loop (``TextDelta``
 as the text comes, then ``Finished`` or ``Failed``). ``Job.cancel`` (the client left) drops a queued job and
-stops a running one at its next token. ``stop_accepting`` (a signal arrived) refuses new jobs and ends the
-queued and the running ones with a 503, the running one at its next token; ``close`` then ends the thread.
-Every use of the tokenizer, from the routes or the worker, holds one lock (fast tokenizers refuse to be
-borrowed by two threads at once)."""
+stops a running one at its next token (the others of its batch go on). ``stop_accepting`` (a signal arrived)
+refuses new jobs and ends the queued and the running ones with a 503, the running ones at their next token;
+``close`` then ends the thread. Every use of the tokenizer, from the routes or the worker, holds one lock (fast
+tokenizers refuse to be borrowed by two threads at once).
+
+Batches: when a greedy job is taken and ``max_batch`` > 1, the worker waits up to ``GATHER_SECONDS`` for more
+to arrive (clients that start together reach the queue a few milliseconds apart), then takes every queued job
+that can share the generation — greedy, the same stop tokens, and the batch's longest prompt plus its largest
+``max_tokens`` within the context — up to ``max_batch``, in arrival order; the others keep their places. The
+batch runs as one left-padded generation (the runner's batched decode) to its largest ``max_tokens``; each
+job ends at its own limit, stop token, stop string or cancel. Sampled jobs run alone (a batch would share one
+random stream)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
-from dataclasses import dataclass
+import time
+from collections import deque
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,6 +33,7 @@ from ..runtime.session import Session
 from .text import ReplyText
 
 LOG = logging.getLogger("anyfp4.serve")
+GATHER_SECONDS = 0.02  # how long a batch waits for its company
 
 
 @dataclass(frozen=True)
@@ -86,21 +97,48 @@ class Job:
         return await self.events.get()
 
 
-class _StopString(Exception):
-    pass
-
-
 class _Ended(Exception):
-    """The job was cancelled, or the server is stopping."""
+    """Every job of the generation has ended (its limit, a stop, a cancel), or the server is stopping."""
+
+
+class _Row:
+    """One job's place in a generation: its tokens so far and the text they make."""
+
+    def __init__(self, job: Job, reply_text):
+        self.job, self.produced, self.ended = job, [], False
+        self.text = ReplyText(lambda tokens: reply_text(tokens, job.params), job.stops, job.incremental)
+
+    def add(self, token: int) -> None:
+        """The row's next token: its text delta out, and the row ended at a stop token, stop string or its limit."""
+        params = self.job.params
+        self.produced.append(token)
+        delta, stopped = self.text.add(self.produced)
+        if delta:
+            self.job.push(TextDelta(delta))
+        if stopped or token in params.stop_token_ids:  # a stop string (the text ends before it) or a stop token
+            self.finish("stop")
+        elif len(self.produced) >= params.max_new_tokens:
+            self.finish("length")
+
+    def finish(self, reason: str) -> None:
+        """End the row with ``reason``: the rest of its text (what was held back so far), then ``Finished``."""
+        self.ended = True
+        rest = self.text.finish(self.produced)
+        if rest:
+            self.job.push(TextDelta(rest))
+        self.job.push(Finished(reason, self.text.final, len(self.job.prompt), len(self.produced)))
 
 
 class GenerationWorker:
-    def __init__(self, session: Session, max_queue: int):
-        self.session = session
+    def __init__(self, session: Session, max_queue: int, max_batch: int = 1):
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.session, self.max_queue, self.max_batch = session, max_queue, max_batch
         self.tokenizer_lock = threading.Lock()
         self.stopping = False
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
-        self._submit_lock = threading.Lock()
+        self._jobs: deque[Job] = deque()
+        self._closed = False
+        self._changed = threading.Condition()  # guards _jobs and _closed; notified when either changes
         self._thread: threading.Thread | None = None
 
     # -- the tokenizer, under its lock --------------------------------------------------------------------
@@ -125,71 +163,109 @@ class GenerationWorker:
 
     def submit(self, job: Job) -> None:
         """Queue ``job``; QueueFull when the queue is full, ShuttingDown once the server stops."""
-        with self._submit_lock:
+        with self._changed:
             if self.stopping or self._thread is None:
                 raise ShuttingDown
-            try:
-                self._queue.put_nowait(job)
-            except queue.Full:
-                raise QueueFull from None
+            if len(self._jobs) >= self.max_queue:
+                raise QueueFull
+            self._jobs.append(job)
+            self._changed.notify_all()
 
     def waiting(self) -> int:
-        """Jobs in the queue (not counting the one generating)."""
-        return self._queue.qsize()
+        """Jobs in the queue (not counting those generating)."""
+        return len(self._jobs)
 
     def stop_accepting(self) -> None:
         """Safe in a signal handler: one assignment, no lock."""
         self.stopping = True
 
     def close(self, timeout: float | None = None) -> None:
-        with self._submit_lock:
-            self.stopping = True
+        with self._changed:
+            self.stopping = self._closed = True
+            self._changed.notify_all()
         if self._thread is not None:
-            self._queue.put(None)  # after every job: the thread ends jobs quickly once stopping
             self._thread.join(timeout)
             self._thread = None
+
+    def _shares(self, batch: list[Job], job: Job) -> bool:
+        """Whether ``job`` can join ``batch`` (greedy like it, the same stop tokens, and the whole within the context)."""
+        first = batch[0].params
+        if job.params.temperature != 0 or job.params.stop_token_ids != first.stop_token_ids:
+            return False
+        longest = max(len(j.prompt) for j in batch + [job])
+        new = max(j.params.max_new_tokens for j in batch + [job])
+        return longest + new <= self.session.args.max_position_embeddings
+
+    def _take(self) -> list[Job] | None:
+        """The next jobs to generate for together (None once closed): the first queued job, and with it, when it
+        is greedy, the queued jobs that can share its generation (after ``GATHER_SECONDS`` for more to come)."""
+        with self._changed:
+            while True:
+                while self._jobs and self._jobs[0].cancelled:  # a client that left before its turn
+                    self._jobs.popleft()
+                if self._jobs or self._closed:
+                    break
+                self._changed.wait()
+            if not self._jobs:
+                return None
+            batch = [self._jobs.popleft()]
+            if self.max_batch == 1 or batch[0].params.temperature != 0:
+                return batch
+            deadline = time.monotonic() + GATHER_SECONDS
+            while len(self._jobs) < self.max_batch - 1 and not self._closed and not self.stopping:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._changed.wait(left):
+                    break
+            for job in list(self._jobs):
+                if len(batch) == self.max_batch:
+                    break
+                if not job.cancelled and self._shares(batch, job):
+                    self._jobs.remove(job)
+                    batch.append(job)
+            return batch
 
     def _run(self) -> None:
         device = self.session.model.device
         if device.type == "cuda":  # this thread's current device: where its kernels launch, its graphs are captured
             torch.cuda.set_device(device)
-        while (job := self._queue.get()) is not None:
-            if job.cancelled:
-                continue
+        while (batch := self._take()) is not None:
+            batch = [job for job in batch if not job.cancelled]
             if self.stopping:
-                job.push(SHUTTING_DOWN)
+                for job in batch:
+                    job.push(SHUTTING_DOWN)
                 continue
-            try:
-                self._generate(job)
-            except Exception as error:  # a failed generation ends its request, not the server
-                LOG.exception("generation failed")
-                job.push(Failed(500, f"generation failed: {type(error).__name__}: {error}", "generation_failed"))
+            if batch:
+                self._generate(batch)
 
-    def _generate(self, job: Job) -> None:
-        session, params = self.session, job.params
-        produced: list[int] = []
-        text = ReplyText(lambda tokens: self._reply_text(tokens, params), job.stops, job.incremental)
+    def _generate(self, batch: list[Job]) -> None:
+        rows = [_Row(job, self._reply_text) for job in batch]
+        params = replace(batch[0].params, max_new_tokens=max(job.params.max_new_tokens for job in batch))
 
         def on_tokens(step: list[int]) -> None:
-            if job.cancelled or self.stopping:
+            for row, token in zip(rows, step):
+                if row.ended:
+                    continue
+                if row.job.cancelled or self.stopping:
+                    row.ended = True
+                    if not row.job.cancelled:
+                        row.job.push(SHUTTING_DOWN)
+                    continue
+                row.add(token)
+            if all(row.ended for row in rows):
                 raise _Ended
-            produced.append(step[0])
-            delta, stopped = text.add(produced)
-            if delta:
-                job.push(TextDelta(delta))
-            if stopped:
-                raise _StopString
 
         try:
-            generate(session.model, [job.prompt], params, on_tokens, compile_decode=session.compile_decode)
-            reason = "stop" if produced and produced[-1] in params.stop_token_ids else "length"
-        except _StopString:
-            reason = "stop"
+            generate(self.session.model, [job.prompt for job in batch], params, on_tokens,
+                     compile_decode=self.session.compile_decode)
         except _Ended:
-            if not job.cancelled:
-                job.push(SHUTTING_DOWN)
-            return
-        rest = text.finish(produced)
-        if rest:
-            job.push(TextDelta(rest))
-        job.push(Finished(reason, text.final, len(job.prompt), len(produced)))
+            pass
+        except Exception as error:  # a failed generation ends its open requests, not the server
+            LOG.exception("generation failed")
+            failed = Failed(500, f"generation failed: {type(error).__name__}: {error}", "generation_failed")
+            for row in rows:
+                if not row.ended:
+                    row.ended = True
+                    row.job.push(failed)
+        for row in rows:  # every row ends at its limit at the latest: nothing is left open here
+            if not row.ended:
+                row.finish("length")
