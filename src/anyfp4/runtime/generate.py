@@ -129,8 +129,9 @@ def compiled_decode_step(model: Transformer) -> Callable:
 def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: SamplingParams,
              on_tokens: Callable[[list[int]], None] | None = None, compile_decode: bool = False) -> list[list[int]]:
     """New tokens for each prompt (stopping at a stop token, which is included, or at the limit).
-    ``on_tokens`` receives each step's tokens (one per row) as they are produced; an exception it raises ends
-    the generation there and propagates (how a caller stops early: a cancelled request, a stop string).
+    ``on_tokens`` receives each step's tokens (one per row) as they are produced, while the next step runs on a
+    GPU; an exception it raises ends the generation there and propagates (how a caller stops early: a cancelled
+    request, a stop string).
     Decode steps run through ``decode_step`` (a CUDA graph on GPUs; torch.compile with ``compile_decode``)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -158,21 +159,24 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
     next_pos = rope[:, -1] + 1
     step_fn = decode_step(model, compile_decode)
     out: list[list[int]] = [[] for _ in range(b)]
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    stops = torch.tensor(params.stop_token_ids or [-1], device=device)
+    done = [False] * b
+    stops = set(params.stop_token_ids)
     for step in range(params.max_new_tokens):
         nxt = sample(logits[:, -1], params, generator)
-        for i, t in enumerate(nxt.tolist()):
+        step_tokens = nxt.tolist()
+        for i, t in enumerate(step_tokens):
             if not done[i]:
                 out[i].append(t)
+                done[i] = t in stops
+        last = all(done) or step == params.max_new_tokens - 1
+        if not last:  # the next step is launched before on_tokens runs: the caller's work overlaps the GPU's
+            slot = longest + step
+            valid[:, slot] = True
+            logits = step_fn(nxt[:, None], torch.tensor([slot], device=device),
+                             next_pos[:, None] if padded else None, valid if padded else None)
+            next_pos = next_pos + 1
         if on_tokens is not None:
-            on_tokens(nxt.tolist())
-        done |= torch.isin(nxt, stops)
-        if bool(done.all()) or step == params.max_new_tokens - 1:
+            on_tokens(step_tokens)
+        if last:
             break
-        slot = longest + step
-        valid[:, slot] = True
-        logits = step_fn(nxt[:, None], torch.tensor([slot], device=device),
-                         next_pos[:, None] if padded else None, valid if padded else None)
-        next_pos = next_pos + 1
     return out
