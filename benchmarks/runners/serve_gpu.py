@@ -91,6 +91,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a quick check of the script")
     ap.add_argument("--bench", action="store_true", help="also run `anyfp4 bench --batch CLIENTS` afterwards")
+    ap.add_argument("--commit", help="the commit of the code that runs, for the report (default: git's HEAD; a "
+                    "copy of the tree elsewhere may carry an older git)")
     ap.add_argument("--out", type=Path, default=Path("serve_gpu.json"))
     args = ap.parse_args()
     import torch
@@ -118,7 +120,8 @@ def main() -> None:
     alone_rates = [(r["tokens"] - 1) / r["decode_s"] for r in alone if r.get("decode_s")]
     report = {
         "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "commit": args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                text=True).stdout.strip(),
         "model": f"random:{args.arch}:{args.format}", "clients": args.clients, "max_tokens": args.max_tokens,
         "all_completed": all(ok), "same_as_alone": sum(a.get("text") == b.get("text") for a, b in zip(alone, together)),
         "completion_tokens": tokens, "wall_s": wall, "aggregate_tok_s": tokens / wall,

@@ -28,7 +28,8 @@ def recording_generate(monkeypatch) -> list[int]:
 
 
 def test_sixteen_concurrent_streams_share_one_generation_with_the_runners_texts(session, runner, monkeypatch):
-    monkeypatch.setattr(worker_module, "GATHER_SECONDS", 5.0)  # the gathering ends once all sixteen are queued
+    for name in ("GATHER_QUIET_SECONDS", "GATHER_MAX_SECONDS"):  # the gathering ends once all sixteen are queued
+        monkeypatch.setattr(worker_module, name, 10.0)
     sizes = recording_generate(monkeypatch)
     cases = [("chat" if i % 2 else "completion", f"prompt {i} " + "ab" * i, 3 + i) for i in range(15)]
     stop_case = ("completion", "hello", 24)
