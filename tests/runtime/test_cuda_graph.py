@@ -42,6 +42,17 @@ def test_generate_with_graphs_matches_eager_generate(monkeypatch):
 
 
 @gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_a_left_padded_batch_gives_each_prompts_text_alone(fmt):
+    """What a batched server relies on: greedy texts of a padded batch, prefill and graphed decode, as alone."""
+    model = random_model("smollm2-135m", fmt, torch.device("cuda"), torch.bfloat16, progress=False)
+    params = SamplingParams(max_new_tokens=24)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, model.args.vocab_size, (n,), generator=gen).tolist() for n in (40, 9, 23, 1)]
+    assert generate(model, prompts, params) == [generate(model, [p], params)[0] for p in prompts]
+
+
+@gpu
 def test_speculative_verify_graphs_give_the_plain_greedy_text():
     from anyfp4.runtime.speculative import generate_speculative
 
