@@ -10,10 +10,12 @@
 #   bash benchmarks/gpu_session.sh tp        # two GPUs: all-reduce probe, bench --tp 2, TP1/TP2 agreement
 #   bash benchmarks/gpu_session.sh hybrid    # Qwen3.5-27B hybrid: GPU tests, bench vs bf16, MTP, rejected drafts,
 #                                            # step profile, Gated DeltaNet prefill chunked vs recurrent
+#   TOKENIZER=DIR bash benchmarks/gpu_session.sh serve  # anyfp4 serve --max-batch 16: 16 clients vs the runner's
+#                                            # batch and `bench --batch 16` (needs the serve extra's wheels)
 # Each step has its own time limit so one slow step cannot eat the whole lease.
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
-OUT="${OUT:-./gpu-results}"; mkdir -p "$OUT"
+OUT="${OUT:-./gpu-results}"; mkdir -p "$OUT"; OUT="$(cd "$OUT" && pwd)"
 stage="${1:-check}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader | tee "$OUT/gpu-$stage.txt"
 bench() {  # name, then anyfp4 bench arguments
@@ -96,7 +98,11 @@ hybrid)
         ANYFP4_GDN_PREFILL=$mode q35 bench_q35_prefill_$mode --format mixed --prompt-len 2048 --gen-len 16
     done
     ;;
+serve)
+    (cd benchmarks/runners && timeout 300 python3 serve_gpu.py --tokenizer "${TOKENIZER:?a tokenizer directory}" \
+        --bench ${COMMIT:+--commit $COMMIT} --out "$OUT/serve_gpu.json" 2>&1 | tail -16)
+    ;;
 *)
-    echo "unknown stage $stage (check, check2, kernels, bench, sweep, runner, tp, hybrid)"; exit 2
+    echo "unknown stage $stage (check, check2, kernels, bench, sweep, runner, tp, hybrid, serve)"; exit 2
     ;;
 esac
