@@ -2,6 +2,7 @@
 # GPU-side checks and measurements in stages, each fitting one device call (<= 10 minutes); results land in
 # $OUT (JSON + logs), key lines on stdout.
 #   bash benchmarks/gpu_session.sh check     # the GPU-side tests of the CUDA kernel, W8A8, kernels/ and ops/
+#   bash benchmarks/gpu_session.sh older     # the CUDA kernel's sm_70 / sm_75 variants run on this GPU
 #   bash benchmarks/gpu_session.sh check2    # the GPU-side tests of runtime/, dispatch/, parallel/, packing/, bench/
 #   bash benchmarks/gpu_session.sh kernels   # nvfp4_linear / fp8_linear tables (incl. fused / W8A8 prefill columns)
 #   bash benchmarks/gpu_session.sh bench     # anyfp4 bench: NVFP4 and FP8 vs bf16, random Llama-3.1-8B
@@ -31,9 +32,15 @@ check)
     # the CUDA kernel and the W8A8 prefill first (the newest GPU code), then kernels/ and ops/; -rfE names each
     # failure in the tail (H200, 2026-12-02: ~260 s for the first, the rest ~300 s over both stages)
     timeout 280 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/cuda/test_weight_mma.py \
-        tests/kernels/test_fp8_w8a8.py -k "not every_variant_compiles" 2>&1 | tail -12 | tee "$OUT/pytest_cuda.txt"
+        tests/kernels/test_fp8_w8a8.py -k "not every_variant_compiles and not older_architectures" 2>&1 | tail -12 \
+        | tee "$OUT/pytest_cuda.txt"
     timeout 280 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels tests/ops -k "not aot and not \
         every_variant_compiles and not test_weight_mma and not w8a8" 2>&1 | tail -12 | tee "$OUT/pytest.txt"
+    ;;
+older)
+    # sm_70's and sm_75's variants of the CUDA kernel compiled for this GPU, against the reference
+    timeout 400 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/cuda/test_weight_mma.py \
+        -k older_architectures 2>&1 | tail -12 | tee "$OUT/pytest_older.txt"
     ;;
 check2)
     # CPU-only tests run here too (the device's torch is another version than CI's), the hybrid ones in `hybrid`
@@ -103,6 +110,6 @@ serve)
         --bench ${COMMIT:+--commit $COMMIT} --out "$OUT/serve_gpu.json" 2>&1 | tail -16)
     ;;
 *)
-    echo "unknown stage $stage (check, check2, kernels, bench, sweep, runner, tp, hybrid, serve)"; exit 2
+    echo "unknown stage $stage (check, older, check2, kernels, bench, sweep, runner, tp, hybrid, serve)"; exit 2
     ;;
 esac

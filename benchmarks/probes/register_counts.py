@@ -3,6 +3,9 @@ GPU needed): every flag value on every architecture, fp16 and bf16 (bf16 from sm
 tables use (M = 1..32 as n8 tiles, 4 and 8 warps, depths 2..8).
 
     PYTHONPATH=src python benchmarks/probes/register_counts.py --sms 75 80 90 --out register_counts.json
+    ANYFP4_NVRTC=.../libnvrtc.so.12 PYTHONPATH=src python benchmarks/probes/register_counts.py --sms 70 ...
+
+(CUDA 13's NVRTC refuses sm_70: ``ANYFP4_NVRTC`` points at CUDA 12's, e.g. from the nvidia-cuda-nvrtc-cu12 wheel.)
 """
 
 from __future__ import annotations
@@ -24,8 +27,7 @@ def report(sm: int, fp8: int, nt: int, mt: int, warps: int, depth: int, gated: i
            bf16: int) -> dict:
     defines = dict(source_defines("fp8" if fp8 else "nvfp4", "bf16" if bf16 else "fp16"), FP8=fp8, NT=nt, MT=mt,
                    WARPS=warps, DEPTH=depth, BF16=bf16, GATED=gated, HAS_BIAS=bias, OUT_F32=0, EARLY=int(sm >= 90),
-                   VEC_X=1, SPLIT=4, KW=kw, MMA_K8=int(sm < weight_mma.ASYNC_SM),
-                   ASYNC_COPY=int(sm >= weight_mma.ASYNC_SM))
+                   VEC_X=1, SPLIT=4, KW=kw, **weight_mma.arch_defines(sm))
     log = nvrtc.ptxas_report(weight_mma._source(), weight_mma.KERNEL, sm, defines)
     numbers = {key: int(m.group(1)) if (m := re.search(pattern, log)) else None for key, pattern in (
         ("registers", r"Used (\d+) registers"), ("spill_stores", r"(\d+) bytes spill stores"),

@@ -111,6 +111,13 @@ def extra_mma_table_path() -> str | None:
     return value or None
 
 
+def nvrtc_library() -> str | None:
+    """``ANYFP4_NVRTC``: the NVRTC library the CUDA kernels compile with (a path to ``libnvrtc.so.*``), instead of
+    the first one found. CUDA 13's NVRTC no longer compiles for sm_70 (Volta): point this at CUDA 12's."""
+    value = os.environ.get("ANYFP4_NVRTC", "").strip()
+    return value or None
+
+
 def early_launch_allowed() -> bool:
     """``ANYFP4_EARLY_LAUNCH``: ``1`` (default) launches the CUDA decode kernels on sm_90+ as programmatic
     dependent launches (each starts loading weights while the previous kernel finishes); ``0`` turns it off."""

@@ -54,6 +54,7 @@ static char error[512];
 static char fault[512];  // the first fault of a launch (it runs on, like a GPU until the error is read)
 struct WarpFragments {
     unsigned a[32][4], b[32][2];
+    float s[32];  // a shuffle's values
 };
 static WarpFragments warps[MAX_THREADS / 32];
 
@@ -172,6 +173,45 @@ inline void mma1688(float* c, unsigned a0, unsigned a1, unsigned b0) {  // sm_75
     const unsigned a[2] = {a0, a1};
     warp_mma(c, a, 2, &b0, 1, 8);
 }
+
+// sm_70's m8n8k4 (fp16), from the PTX layouts: one 8 x 8 x 4 product per quad pair q (lanes 4q .. 4q + 3 and
+// 4q + 16 .. 4q + 19; its thread i = lane % 4 + 4 (lane / 16)). A row i = thread i's (a_lo: k 0, 1; a_hi: k 2, 3),
+// B column i = thread i's (b_lo, b_hi, the same k); D element v of thread i (bits i0 i1 i2, v0 v1 v2): row
+// i0 + 2 v1 + 4 i2, column v0 + 2 i1 + 4 v2. Exact sums rounded to float32 once per mma.
+inline void mma884(float* c, unsigned a_lo, unsigned a_hi, unsigned b_lo, unsigned b_hi) {
+    const int tid = (int)threadIdx.x, lane = tid & 31;
+    host::WarpFragments& w = host::warps[tid >> 5];
+    w.a[lane][0] = a_lo, w.a[lane][1] = a_hi, w.b[lane][0] = b_lo, w.b[lane][1] = b_hi;
+    host::wait(host::AT_WARP);
+    const int q = (lane >> 2) & 3, i = (lane & 3) | ((lane >> 4) << 2);
+    auto lane_of = [&](int j) { return (j & 3) + 4 * q + 16 * (j >> 2); };
+    auto half_at = [&](const unsigned* regs, int k) {
+        return (k & 1) ? host::hi(regs[k >> 1], false) : host::lo(regs[k >> 1], false);
+    };
+    float d[8];
+    for (int v = 0; v < 8; ++v) {
+        const int row = (i & 1) + 2 * ((v >> 1) & 1) + 4 * (i >> 2), col = (v & 1) + 2 * ((i >> 1) & 1) + 4 * (v >> 2);
+        double sum = c[v];
+        for (int k = 0; k < 4; ++k)
+            sum += (double)half_at(w.a[lane_of(row)], k) * (double)half_at(w.b[lane_of(col)], k);
+        d[v] = (float)sum;
+    }
+    host::wait(host::AT_WARP);
+    for (int v = 0; v < 8; ++v) c[v] = d[v];
+}
+
+// A warp shuffle: every lane publishes v, then reads lane src's.
+inline float warp_exchange(float v, int src) {
+    const int tid = (int)threadIdx.x, lane = tid & 31;
+    host::WarpFragments& w = host::warps[tid >> 5];
+    w.s[lane] = v;
+    host::wait(host::AT_WARP);
+    const float got = w.s[src & 31];
+    host::wait(host::AT_WARP);
+    return got;
+}
+inline float __shfl_sync(unsigned, float v, int src) { return warp_exchange(v, src); }
+inline float __shfl_xor_sync(unsigned, float v, int mask) { return warp_exchange(v, ((int)threadIdx.x & 31) ^ mask); }
 
 inline void copy_async(unsigned* dst, const unsigned short* src, bool valid, unsigned bytes) {  // done at once
     if (((valid && reinterpret_cast<uintptr_t>(src) % bytes) || reinterpret_cast<uintptr_t>(dst) % bytes)

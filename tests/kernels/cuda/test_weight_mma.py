@@ -11,6 +11,7 @@ import anyfp4.ops  # noqa: F401  (registers torch.ops.anyfp4, which the op-level
 from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
 from anyfp4.formats.nvfp4 import dequantize_nvfp4
 from anyfp4.kernels.cuda import nvrtc, weight_mma
+from anyfp4.kernels.cuda.counters import reserve_counters
 from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
 from anyfp4.dispatch import tuning
@@ -207,10 +208,69 @@ def test_every_variant_compiles(sm):
         defines = dict(source_defines("fp8" if fp8 else "nvfp4", "bf16" if bf16 else "fp16"),
                        FP8=fp8, NT=nt, MT=mt, WARPS=warps, DEPTH=depth, BF16=bf16, GATED=gated, HAS_BIAS=bias,
                        OUT_F32=i % 2, EARLY=int(sm >= 90), VEC_X=int(i % 3 > 0), SPLIT=(1, 2, 6, 8, 16)[i % 5],
-                       KW=(1, 2, 8, 4, 1, 8, 4, 1, 2, 1)[i], MMA_K8=int(sm < weight_mma.ASYNC_SM),
-                       ASYNC_COPY=int(sm >= weight_mma.ASYNC_SM))
+                       KW=(1, 2, 8, 4, 1, 8, 4, 1, 2, 1)[i], **weight_mma.arch_defines(sm))
         cubin = nvrtc.compile_cubin(src, weight_mma.KERNEL, sm, defines)
         assert cubin[:4] == b"\x7fELF"
+
+
+def cuda_12_nvrtc() -> str | None:
+    """CUDA 12's NVRTC from the nvidia-cuda-nvrtc-cu12 wheel, if installed (CUDA 13's refuses sm_70)."""
+    import glob
+    import os
+
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    found = sorted(glob.glob(os.path.join(site, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.12")))
+    return found[0] if found else None
+
+
+@pytest.mark.skipif(cuda_12_nvrtc() is None, reason="CUDA 12's NVRTC (nvidia-cuda-nvrtc-cu12) not installed")
+def test_every_sm70_variant_compiles_with_cuda_12s_nvrtc():
+    """sm_70's variants (each quad pair's m8n8k4 products), the fp16 ones whose sums fit (``fits_arch``), through
+    ANYFP4_NVRTC in a process of their own (one NVRTC a process); none spills."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = f"""
+import json, re
+from anyfp4.kernels.cuda import nvrtc, weight_mma
+from anyfp4.kernels.cuda.counters import reserve_counters
+from anyfp4.kernels.cuda.weight_mma_defines import source_defines
+assert nvrtc.version()[0] == 12, nvrtc.version()
+out = []
+for i, (fp8, nt, mt, warps, depth, bf16, gated, bias) in enumerate({VARIANTS!r}):
+    if bf16 or not weight_mma.fits_arch(70, mt, nt, True):
+        continue
+    defines = dict(source_defines("fp8" if fp8 else "nvfp4", "fp16"), FP8=fp8, NT=nt, MT=mt, WARPS=warps,
+                   DEPTH=depth, BF16=0, GATED=gated, HAS_BIAS=bias, OUT_F32=i % 2, EARLY=0, VEC_X=int(i % 3 > 0),
+                   SPLIT=(1, 2, 6, 8, 16)[i % 5], KW=(1, 2, 8, 4, 1, 8, 4, 1, 2, 1)[i], **weight_mma.arch_defines(70))
+    assert defines["QUAD_PAIRS"] == 1
+    cubin = nvrtc.compile_cubin(weight_mma._source(), weight_mma.KERNEL, 70, defines)
+    log = nvrtc.ptxas_report(weight_mma._source(), weight_mma.KERNEL, 70, defines)
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill", log)]
+    out.append([cubin[:4] == b"\x7fELF", sum(spills)])
+print(json.dumps(out))
+"""
+    env = dict(os.environ, ANYFP4_NVRTC=cuda_12_nvrtc())
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    want = sum(1 for v in VARIANTS if not v[5] and weight_mma.fits_arch(70, v[2], v[1], True))
+    assert len(rows) == want >= 3 and all(elf and spills == 0 for elf, spills in rows), rows
+
+
+def test_a_named_nvrtc_that_does_not_load_is_a_clear_error(tmp_path, monkeypatch):
+    import anyfp4.kernels.cuda.nvrtc as nvrtc_module
+
+    monkeypatch.setenv("ANYFP4_NVRTC", str(tmp_path / "libnvrtc.so.12"))
+    nvrtc_module._nvrtc.cache_clear()
+    try:
+        with pytest.raises(nvrtc_module.NVRTCError, match="ANYFP4_NVRTC=.*libnvrtc.so.12: cannot load it"):
+            nvrtc_module._nvrtc()
+    finally:
+        monkeypatch.delenv("ANYFP4_NVRTC")
+        nvrtc_module._nvrtc.cache_clear()
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
@@ -359,6 +419,56 @@ def test_fp8_kernel_against_reference(dtype, per_channel):
     wd, gd, ud = (dequantize_fp8(t).double() for t in (w, gate, up))
     bias = torch.randn(n, device="cuda", generator=g).to(dtype)
     check_kernel(fp8_mma_gemm, p, pg, wd, gd, ud, bias, sweep_cases([1, 3, 8, 12, 32]), g)
+
+
+def variant_gemm(fmt: str, sm: int):
+    """``nvfp4_mma_gemm`` / ``fp8_mma_gemm`` (same arguments) with sm_``sm``'s variant of the source compiled for this
+    GPU: sm_70's m8n8k4 and sm_75's m16n8k8 are valid on later ones too."""
+
+    def call(x, p, bias, config, out=None, out_dtype=None):
+        device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        stage_bytes = min(weight_mma.STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
+        counters = reserve_counters(x.device) if config.split_k > 1 else None
+        scales, gscale = (p.scales, p.global_scale) if fmt == "nvfp4" else (None, p.scales)
+        plan = weight_mma.plan_launch(fmt, x, p.codes, scales, gscale, bias, p.out_features, p.up_offset, config,
+                                      out, out_dtype, stage_bytes=stage_bytes, early=False, counters=counters, sm=sm)
+        kernel = nvrtc.load(weight_mma._source(), weight_mma.KERNEL, plan.defines, device, shared_memory=stage_bytes)
+        kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=False)
+        return plan.out
+
+    return call
+
+
+@gpu
+@pytest.mark.parametrize("sm", [70, 75])
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_older_architectures_variants_run_on_this_gpu(fmt, sm):
+    """sm_70's variant (each quad pair's m8n8k4 products) and sm_75's (two m16n8k8 per product), fp16, on real
+    mma.sync: the reference on odd shapes (N = 4120, K = 1536 + 16) for M up to 32 (the launches whose sums fit),
+    deterministic, and a row's bits the same in a call of 1, 9 or 32 rows."""
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    n, k = 4120, 1552
+    if fmt == "nvfp4":
+        w, gate, up = (nvfp4_weight(n, k, gen, torch.tensor(2e-3, device="cuda")) for _ in range(3))
+        p, pg = prepack_nvfp4(w), prepack_nvfp4_gated(gate, up)
+        wd, gd, ud = (dequantize_nvfp4(t).double() for t in (w, gate, up))
+    else:
+        w, gate, up = (quantize_fp8(torch.randn(n, k, device="cuda", generator=gen), per_channel=pc)
+                       for pc in (True, False, True))
+        p, pg = prepack_fp8(w), prepack_fp8_gated(gate, up)
+        wd, gd, ud = (dequantize_fp8(t).double() for t in (w, gate, up))
+    bias = torch.randn(n, device="cuda", generator=gen).half()
+    cases = [(m, c) for m, c in sweep_cases([1, 7, 9, 17, 32])
+             if weight_mma.fits_arch(sm, c.mt, weight_mma.n_tiles_for(m), True)]
+    assert len(cases) >= 10
+    run = variant_gemm(fmt, sm)
+    check_kernel(run, p, pg, wd, gd, ud, bias, cases, gen)
+    x = torch.randn(32, k, device="cuda", generator=gen).half()
+    config = MMAConfig(1, 4, 4, 2)
+    singles = [run(x[i:i + 1], p, None, config) for i in (0, 8)]
+    for m in (9, 32):
+        y = run(x[:m], p, None, config)
+        assert all(torch.equal(y[i:i + 1], s) for i, s in zip((0, 8), singles)), m
 
 
 @gpu

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import host_cuda
+from anyfp4.kernels.cuda import weight_mma
 from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
 from anyfp4.formats.nvfp4 import dequantize_nvfp4
 from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
@@ -30,15 +31,27 @@ def weights(fmt, gen):
 
 
 @pytest.mark.parametrize("tight", [False, True], ids=["staged-once", "staged-every-pass"])
-@pytest.mark.parametrize("dtype, sm", [(torch.float16, 80), (torch.bfloat16, 80), (torch.float16, 75)],
-                         ids=["fp16", "bf16", "fp16-sm75"])
+@pytest.mark.parametrize("dtype, sm", [(torch.float16, 80), (torch.bfloat16, 80), (torch.float16, 75),
+                                       (torch.float16, 70)], ids=["fp16", "bf16", "fp16-sm75", "fp16-sm70"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 def test_kernel_source_against_reference(fmt, dtype, sm, tight):
-    """sm_75's variant (two m16n8k8 mmas per product, staging copies through registers) passes the same checks."""
+    """sm_75's variant (two m16n8k8 mmas per product, staging copies through registers) and sm_70's (each quad
+    pair's m8n8k4 products over its k slots, the quad pairs' sums added and moved into the m16n8k16 C layout)
+    pass the same checks."""
     gen = torch.Generator().manual_seed(21)
     p, pg, (wd, gd, ud) = weights(fmt, gen)
     bias = torch.randn(N, generator=gen).to(dtype)
-    check_kernel(host_cuda.gemm(fmt, tight, sm), p, pg, wd, gd, ud, bias, CASES, gen)
+    cases = [(m, c) for m, c in CASES if weight_mma.fits_arch(sm, c.mt, weight_mma.n_tiles_for(m), True)]
+    assert len(cases) >= 4  # sm_70 leaves out only M = 17 with 4 m16 tiles a warp (192 sums a thread)
+    check_kernel(host_cuda.gemm(fmt, tight, sm), p, pg, wd, gd, ud, bias, cases, gen)
+
+
+def test_a_launch_too_large_for_sm70s_sums_is_refused():
+    gen = torch.Generator().manual_seed(23)
+    p = prepack_nvfp4(nvfp4_weight(64, 256, gen, torch.tensor(1e-3), device="cpu"))
+    x = torch.randn(17, 256, generator=gen).to(torch.float16)
+    with pytest.raises(ValueError, match="on sm_70 a launch of 4 m16 tiles per warp for 17 rows keeps more than 128"):
+        host_cuda.gemm("nvfp4", sm=70)(x, p, None, MMAConfig(4, 2, 1, 2))
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])

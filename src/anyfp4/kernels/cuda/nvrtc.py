@@ -26,6 +26,10 @@ class NVRTCError(RuntimeError):
 
 
 def _candidate_paths() -> list[str]:
+    from ...env import nvrtc_library
+
+    if (chosen := nvrtc_library()) is not None:  # ANYFP4_NVRTC: that library or none
+        return [os.path.abspath(chosen)]
     names = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
     site = os.path.dirname(os.path.dirname(torch.__file__))
     for pattern in ("nvidia/*/lib/libnvrtc.so*", "nvidia/cuda_nvrtc/lib/libnvrtc.so*"):
@@ -47,6 +51,10 @@ def _nvrtc() -> ctypes.CDLL:
             return lib
         except OSError as e:
             errors.append(str(e))
+    from ...env import nvrtc_library
+
+    if nvrtc_library() is not None:
+        raise NVRTCError(f"ANYFP4_NVRTC={nvrtc_library()}: cannot load it: {errors[0]}")
     raise NVRTCError("NVRTC (libnvrtc) was not found: " + "; ".join(errors[:3]))
 
 

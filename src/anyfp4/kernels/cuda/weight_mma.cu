@@ -1,7 +1,12 @@
 // Weight-only decode GEMM for M <= 32 on sm_80+ tensor cores (mma.sync m16n8k16, fp32 accumulate), for NVFP4
 // weights (FP8 = 0) and FP8 E4M3 weights (FP8 = 1); activations fp16 or bf16. On sm_75 (MMA_K8 = 1, fp16 only)
 // each m16n8k16 product is two m16n8k8 ones over the same fragments (k 0..7: a0, a1, b0; k 8..15: a2, a3, b1),
-// and without cp.async (ASYNC_COPY = 0) the staging copies go through registers.
+// and without cp.async (ASYNC_COPY = 0) the staging copies go through registers. On sm_70 (QUAD_PAIRS = 1, fp16
+// only) the warp's four quad pairs each run m8n8k4 products: quad pair q's thread i makes the loads of lane
+// (g = i, t = q) of the m16n8k16 layout (fragment_lane), so its registers are that lane's fragments, and each
+// m16n8k16 product becomes two m8n8k4 ones over the k slots of t = q (rows g: a0, a2 with b0, b1; rows g + 8:
+// a1, a3); the quad pairs' sums are added once, after the main loop, and moved into the m16n8k16 C layout
+// (quad_pairs_to_c), which the rest of the kernel keeps.
 //
 // out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), or silu(gate) * up for a gated prepack.
 // NVFP4 prepack (packing/nvfp4.py): codes in tiles of 16 rows x 128 k (256 words, row-major inside), each
@@ -86,8 +91,14 @@ static_assert(TILE_ROWS == 16 && TILE_WORDS == 16 && TILE_BLOCKS == 8, "the lane
 // The PTX primitives: an f16x2 / bf16x2 multiply, the m16n8k16 mma (sm_75: m16n8k8), conversions, asynchronous
 // copies. A host build of this file
 // (tests/support/host_cuda.h, which runs the kernel on a CPU) defines WEIGHT_MMA_HOST and brings its own.
-#if MMA_K8 && BF16
-#error "sm_75 tensor cores have no bf16 mma: fp16 activations only"
+#ifndef QUAD_PAIRS
+#define QUAD_PAIRS 0
+#endif
+#if (MMA_K8 || QUAD_PAIRS) && BF16
+#error "sm_70 / sm_75 tensor cores have no bf16 mma: fp16 activations only"
+#endif
+#if MMA_K8 && QUAD_PAIRS
+#error "MMA_K8 (sm_75) and QUAD_PAIRS (sm_70) are two architectures"
 #endif
 #ifndef WEIGHT_MMA_HOST
 __device__ __forceinline__ u32 mul2(u32 a, u32 b) {
@@ -100,7 +111,18 @@ __device__ __forceinline__ u32 mul2(u32 a, u32 b) {
     return d;
 }
 
-#if MMA_K8
+#if QUAD_PAIRS
+// sm_70's mma: one 8 x 8 x 4 product per quad pair q (lanes 4q .. 4q + 3 and 4q + 16 .. 4q + 19; its thread
+// i = lane % 4 + 4 (lane / 16)): A row i (a_lo: k 0, 1; a_hi: k 2, 3), B column i (the same k); D element v of
+// thread i, with i0 i1 i2 the bits of i and v0 v1 v2 those of v: row i0 + 2 v1 + 4 i2, column v0 + 2 i1 + 4 v2.
+__device__ __forceinline__ void mma884(float* c, u32 a_lo, u32 a_hi, u32 b_lo, u32 b_hi) {
+    asm volatile(
+        "mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9}, {%10,%11}, "
+        "{%0,%1,%2,%3,%4,%5,%6,%7};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]), "+f"(c[7])
+        : "r"(a_lo), "r"(a_hi), "r"(b_lo), "r"(b_hi));
+}
+#elif MMA_K8
 // sm_75's mma: A 16 x 8 (a0: row g, k 2t, 2t + 1; a1: row g + 8), B 8 x 8 (b0: k 2t, 2t + 1 of column g).
 __device__ __forceinline__ void mma1688(float* c, u32 a0, u32 a1, u32 b0) {
     asm volatile(
@@ -124,7 +146,7 @@ __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 #endif
 }
-#endif  // MMA_K8
+#endif  // QUAD_PAIRS / MMA_K8
 
 __device__ __forceinline__ float act_to_float(u16 bits) {
 #if BF16
@@ -176,9 +198,13 @@ __device__ __forceinline__ u16 float_to_out(float f) {
 #endif  // WEIGHT_MMA_HOST
 
 // One m16n8k16 product (fragments as mma16816 takes them): on sm_75 two m16n8k8 ones, k 0..7 (a0, a1, b0) then
-// k 8..15 (a2, a3, b1).
+// k 8..15 (a2, a3, b1); on sm_70 into the quad pair's 16 sums (c[0..7] rows g, c[8..15] rows g + 8), its part of
+// the product: the k slots of t = q.
 __device__ __forceinline__ void mma_k16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-#if MMA_K8
+#if QUAD_PAIRS
+    mma884(c, a0, a2, b0, b1);
+    mma884(c + 8, a1, a3, b0, b1);
+#elif MMA_K8
     mma1688(c, a0, a1, b0);
     mma1688(c, a2, a3, b1);
 #else
@@ -236,6 +262,41 @@ __device__ __forceinline__ u32 decode_e4m3_pair(u32 w, int p) {
 // (0 or 8) from the thread's weight row g.
 __device__ __forceinline__ int acc_col(int b, int t, int i) { return b * 8 + 2 * t + (i & 1); }
 __device__ __forceinline__ int acc_row_offset(int i) { return (i >> 1) * 8; }
+
+// The lane whose loads (code words, scale bytes, staged activations) this lane makes: itself, or on sm_70 lane
+// (g = i, t = q) for thread i of quad pair q.
+__device__ __forceinline__ int fragment_lane(int lane) {
+#if QUAD_PAIRS
+    return ((lane >> 2) & 3) | ((lane & 3) << 2) | (lane & 16);
+#else
+    return lane;
+#endif
+}
+
+#if QUAD_PAIRS
+#define FULL_WARP 0xFFFFFFFFu
+// sm_70: a quad pair's 16 sums of one m16 x n8 tile (mma_k16) -> this lane's m16n8k16 C elements c[0..3]. The four
+// quad pairs' sums are added by two exchanges (lanes 4 and 8 apart: the same thread of another quad pair), so every
+// quad pair holds the totals, bit for bit (a + b = b + a). C element i of lane (g, t) is D element v of thread
+// (g & 1) + 2 (t & 1) + 4 (g >> 2), rows g / g + 8 in the first / second 8 sums, v = (i & 1) + 2 ((g >> 1) & 1) +
+// 4 (t >> 1); quad pair q sends D elements v0 + 2 (q & 1) + 4 (q >> 1), so each lane reads the quad pair that
+// sends the v it needs: one exchange per C element.
+__device__ __forceinline__ void quad_pairs_to_c(float* q, float* c, int lane) {
+#pragma unroll
+    for (int v = 0; v < 16; ++v) {
+        q[v] += __shfl_xor_sync(FULL_WARP, q[v], 4);
+        q[v] += __shfl_xor_sync(FULL_WARP, q[v], 8);
+    }
+    const int mine = (lane >> 2) & 3, g = lane >> 2, t = lane & 3;
+    const int src = (g & 1) | ((t & 1) << 1) | (((g >> 1) & 1) << 2) | ((t >> 1) << 3) | ((g >> 2) << 4);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float* half = q + 8 * (i >> 1) + (i & 1);
+        const float sent = mine == 0 ? half[0] : mine == 1 ? half[2] : mine == 2 ? half[4] : half[6];
+        c[i] = __shfl_sync(FULL_WARP, sent, src);
+    }
+}
+#endif
 
 // The sum of the SPLIT slice partials p[0], p[stride], ...: an even count is halved and each half summed the
 // same way, then (left half) + (right half); an odd count is added in order from 0. The slices of one half are
@@ -351,7 +412,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
+    const int g = lane >> 2, t = lane & 3;  // the C elements' lane, as the epilogue reads them
+    const int fl = fragment_lane(lane), fg = fl >> 2, ft = fl & 3;  // the lane whose fragments this lane loads
     const int kw = warp % KW;  // this warp's K slice of the block's; warps warp - kw .. warp - kw + KW - 1 share rows
     const int split = gridDim.y, kz = blockIdx.y;
     const int row0 = blockIdx.x * ROWS_PER_BLOCK + warp / KW * ROWS_PER_WARP;
@@ -366,6 +428,18 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         for (int b = 0; b < NT; ++b)
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.0f;
+#if QUAD_PAIRS
+    float qacc[TILES][NT][16];  // the quad pair's sums, moved into acc after the main loop
+#pragma unroll
+    for (int a = 0; a < TILES; ++a)
+#pragma unroll
+        for (int b = 0; b < NT; ++b)
+#pragma unroll
+            for (int c = 0; c < 16; ++c) qacc[a][b][c] = 0.0f;
+#define MMA_ACC(a, b) qacc[a][b]
+#else
+#define MMA_ACC(a, b) acc[a][b]
+#endif
 
     // Per step s: codes cptr[a][s * W_STEP] (row g) and [s * W_STEP + W_B] (row g + 8) from a tile of 16 rows x
     // 16 words (NVFP4 128 k, FP8 64 k); NVFP4 scales sptr[a][s * S_STEP] (the bytes of row g, then row g + 8).
@@ -375,11 +449,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #pragma unroll
     for (int a = 0; a < TILES; ++a) {
         rows[a] = (a < MT ? row0 + a * 16 : up_offset + row0 + (a - MT) * 16) + g;
-        cptr[a] = codes + (long long)(rows[a] - g) * stride_c4 + lane;  // the row block's first tile
+        cptr[a] = codes + (long long)(rows[a] - g) * stride_c4 + fl;  // the row block's first tile
 #if FP8
         sptr[a] = nullptr;
 #else
-        sptr[a] = reinterpret_cast<const u32*>(scales + (long long)(rows[a] - g) * stride_s2) + lane;
+        sptr[a] = reinterpret_cast<const u32*>(scales + (long long)(rows[a] - g) * stride_s2) + fl;
 #endif
     }
     // in uint4 (codes) and u32 (scales): one 1 KiB code tile per step, row g + 8 half a tile on, 128 NVFP4 scale
@@ -473,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     // M - 1: their outputs are never stored), from its k slot.
     const u32* xrow[NT];
 #pragma unroll
-    for (int b = 0; b < NT; ++b) xrow[b] = xs + (kw * M + min(b * 8 + g, M - 1)) * xs_stride + t * X_T;
+    for (int b = 0; b < NT; ++b) xrow[b] = xs + (kw * M + min(b * 8 + fg, M - 1)) * xs_stride + ft * X_T;
 
     // Step d of the pass starting at s0 (x0: its staged activations, relative to xrow); then refill ring slot d.
     auto step = [&](const int s0, const int d, const int x0) {
@@ -490,7 +564,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 const u32 a0 = decode_e4m3_pair(va, 0), a2 = decode_e4m3_pair(va, 1);
                 const u32 a1 = decode_e4m3_pair(vb, 0), a3 = decode_e4m3_pair(vb, 1);
 #pragma unroll
-                for (int b = 0; b < NT; ++b) mma_k16(acc[a][b], a0, a1, a2, a3, bx[b].x, bx[b].y);
+                for (int b = 0; b < NT; ++b) mma_k16(MMA_ACC(a, b), a0, a1, a2, a3, bx[b].x, bx[b].y);
             }
         }
 #else
@@ -512,8 +586,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 }
 #pragma unroll
                 for (int b = 0; b < NT; ++b) {
-                    mma_k16(acc[a][b], ha[0], hb[0], ha[1], hb[1], bx[b].x, bx[b].y);
-                    mma_k16(acc[a][b], ha[2], hb[2], ha[3], hb[3], bx[b].z, bx[b].w);
+                    mma_k16(MMA_ACC(a, b), ha[0], hb[0], ha[1], hb[1], bx[b].x, bx[b].y);
+                    mma_k16(MMA_ACC(a, b), ha[2], hb[2], ha[3], hb[3], bx[b].z, bx[b].w);
                 }
             }
         }
@@ -555,6 +629,12 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
             if (s0 + d < s_end) step(s0, d, x0);
     }
 
+#if QUAD_PAIRS
+#pragma unroll
+    for (int a = 0; a < TILES; ++a)
+#pragma unroll
+        for (int b = 0; b < NT; ++b) quad_pairs_to_c(qacc[a][b], acc[a][b], lane);
+#endif
 #if KW > 1
     // The K warps' sums meet in shared memory, in the staged activations' place (the launcher gives a block enough
     // for both): K warps 1..KW-1 of each row tile store theirs, K warp 0 adds them (sum_warps).

@@ -29,6 +29,24 @@ from .weight_mma_defines import K_PER_WORD, STEP_K, XS_PAD, source_defines
 
 MIN_SM = 75  # sm_75: fp16 activations, two m16n8k8 mmas per m16n8k16 product, staging copies through registers
 ASYNC_SM = 80  # sm_80+: the m16n8k16 mma (fp16 and bf16) and cp.async staging
+# sm_70: fp16 activations, each quad pair's m8n8k4 products over its k slots (QUAD_PAIRS in the source). The
+# variant is built, tested on the host build and compiled, but not served (``enabled``) until a GPU has run it.
+SOURCE_MIN_SM = 70
+
+
+QUAD_PAIR_SUMS = 128  # sm_70: the most float32 sums a thread keeps (16 per m16 x n8 tile; 128 fit without spills)
+
+
+def fits_arch(sm: int, mt: int, n_tiles: int, gated: bool) -> bool:
+    """Whether a launch of ``mt`` m16 tiles per warp (two sets when gated) and ``n_tiles`` n8 tiles fits sm_``sm``:
+    on sm_70 each tile keeps a quad pair's 16 sums, four times the m16n8k16 layout's 4."""
+    return sm >= MIN_SM or (2 if gated else 1) * mt * n_tiles * 16 <= QUAD_PAIR_SUMS
+
+
+def arch_defines(sm: int) -> dict:
+    """The source's architecture switches for sm_``sm``: the mma shape (QUAD_PAIRS: sm_70's m8n8k4, MMA_K8:
+    sm_75's m16n8k8, else m16n8k16) and whether staging copies are cp.async (ASYNC_COPY)."""
+    return dict(QUAD_PAIRS=int(sm < MIN_SM), MMA_K8=int(MIN_SM <= sm < ASYNC_SM), ASYNC_COPY=int(sm >= ASYNC_SM))
 KERNEL = "anyfp4_weight_mma"
 
 
@@ -186,13 +204,15 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
         raise ValueError(f"depth {c.depth} with {c.kw} K warps needs {shared} bytes of shared memory for {m} rows, "
                          f"more than the {stage_bytes} this GPU gives a block")
     bf16 = x.dtype == torch.bfloat16
-    if sm < MIN_SM or (bf16 and sm < ASYNC_SM):
-        raise ValueError(f"the CUDA decode kernel runs on sm_{MIN_SM}+ (bf16 activations on sm_{ASYNC_SM}+), "
-                         f"not sm_{sm} with {x.dtype}")
+    if sm < SOURCE_MIN_SM or (bf16 and sm < ASYNC_SM):
+        raise ValueError(f"the CUDA decode kernel's source has variants for sm_{SOURCE_MIN_SM}+ (bf16 activations "
+                         f"on sm_{ASYNC_SM}+), not sm_{sm} with {x.dtype}")
+    if not fits_arch(sm, c.mt, n_tiles_for(m), gated):
+        raise ValueError(f"on sm_{sm} a launch of {c.mt} m16 tiles per warp{' (gated: twice)' if gated else ''} "
+                         f"for {m} rows keeps more than {QUAD_PAIR_SUMS} sums per thread: give it fewer tiles")
     if early and sm < 90:
         raise ValueError("an early (programmatic dependent) launch needs sm_90+")
-    defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), MMA_K8=int(sm < ASYNC_SM),
-                   ASYNC_COPY=int(sm >= ASYNC_SM),
+    defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), **arch_defines(sm),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
                    GATED=int(gated), HAS_BIAS=int(bias is not None),
