@@ -116,3 +116,19 @@ def test_a_cancelled_row_ends_and_the_others_get_their_texts(session, runner):
         text = "".join(e.text for e in row if isinstance(e, TextDelta))
         assert isinstance(row[-1], Finished) and row[-1].reason == "length" and row[-1].completion_tokens == n
         assert text == row[-1].text == runner.text(prompt, n)
+
+
+def test_a_lone_request_waits_only_the_quiet_gap(session, monkeypatch):
+    """Gathering ends once no request came for GATHER_QUIET_SECONDS, well before GATHER_MAX_SECONDS."""
+    import time
+
+    monkeypatch.setattr(worker_module, "GATHER_QUIET_SECONDS", 0.05)
+    monkeypatch.setattr(worker_module, "GATHER_MAX_SECONDS", 30.0)
+
+    async def check():
+        worker, jobs = jobs_and_worker(session, [([1, 2], session.with_stop_tokens(SamplingParams(max_new_tokens=2)))])
+        t0 = time.monotonic()
+        assert worker._take() == jobs
+        return time.monotonic() - t0
+
+    assert asyncio.run(check()) < 5.0
