@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...env import nvrtc_library
+
 _LOCK = threading.Lock()
 
 
@@ -26,8 +28,6 @@ class NVRTCError(RuntimeError):
 
 
 def _candidate_paths() -> list[str]:
-    from ...env import nvrtc_library
-
     if (chosen := nvrtc_library()) is not None:  # ANYFP4_NVRTC: that library or none
         return [os.path.abspath(chosen)]
     names = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
@@ -51,10 +51,8 @@ def _nvrtc() -> ctypes.CDLL:
             return lib
         except OSError as e:
             errors.append(str(e))
-    from ...env import nvrtc_library
-
-    if nvrtc_library() is not None:
-        raise NVRTCError(f"ANYFP4_NVRTC={nvrtc_library()}: cannot load it: {errors[0]}")
+    if (chosen := nvrtc_library()) is not None:
+        raise NVRTCError(f"ANYFP4_NVRTC={chosen}: cannot load it: {errors[0]}")
     raise NVRTCError("NVRTC (libnvrtc) was not found: " + "; ".join(errors[:3]))
 
 

@@ -32,8 +32,6 @@ ASYNC_SM = 80  # sm_80+: the m16n8k16 mma (fp16 and bf16) and cp.async staging
 # sm_70: fp16 activations, each quad pair's m8n8k4 products over its k slots (QUAD_PAIRS in the source). The
 # variant is built, tested on the host build and compiled, but not served (``enabled``) until a GPU has run it.
 SOURCE_MIN_SM = 70
-
-
 QUAD_PAIR_SUMS = 128  # sm_70: the most float32 sums a thread keeps (16 per m16 x n8 tile; 128 fit without spills)
 
 
@@ -47,6 +45,8 @@ def arch_defines(sm: int) -> dict:
     """The source's architecture switches for sm_``sm``: the mma shape (QUAD_PAIRS: sm_70's m8n8k4, MMA_K8:
     sm_75's m16n8k8, else m16n8k16) and whether staging copies are cp.async (ASYNC_COPY)."""
     return dict(QUAD_PAIRS=int(sm < MIN_SM), MMA_K8=int(MIN_SM <= sm < ASYNC_SM), ASYNC_COPY=int(sm >= ASYNC_SM))
+
+
 KERNEL = "anyfp4_weight_mma"
 
 
