@@ -192,13 +192,18 @@ class GenerationWorker:
             self._thread = None
 
     def _shares(self, batch: list[Job], job: Job) -> bool:
-        """Whether ``job`` can join ``batch``: greedy like it, the same stop tokens, the whole within the context."""
+        """Whether ``job`` can join ``batch``: greedy like it, the same stop tokens, the whole within the context
+        (``Session.check_fits`` for the batch's prompts and its largest ``max_tokens``)."""
         first = batch[0].params
         if job.params.temperature != 0 or job.params.stop_token_ids != first.stop_token_ids:
             return False
-        longest = max(len(j.prompt) for j in batch + [job])
-        new = max(j.params.max_new_tokens for j in batch + [job])
-        return longest + new <= self.session.args.max_position_embeddings
+        together = batch + [job]
+        try:
+            self.session.check_fits([j.prompt for j in together],
+                                    replace(first, max_new_tokens=max(j.params.max_new_tokens for j in together)))
+        except ValueError:
+            return False
+        return True
 
     def _take(self) -> list[Job] | None:
         """The next jobs to generate for together (None once closed): the first queued job, and with it, when it

@@ -421,25 +421,21 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const int s_beg = (int)(z * nsteps / slices);
     const int s_end = (int)((z + 1) * nsteps / slices);
 
-    float acc[TILES][NT][4];
-#pragma unroll
-    for (int a = 0; a < TILES; ++a)
-#pragma unroll
-        for (int b = 0; b < NT; ++b)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.0f;
+    float acc[TILES][NT][4];  // the m16n8k16 C elements (sm_70: written by quad_pairs_to_c after the main loop)
 #if QUAD_PAIRS
-    float qacc[TILES][NT][16];  // the quad pair's sums, moved into acc after the main loop
-#pragma unroll
-    for (int a = 0; a < TILES; ++a)
-#pragma unroll
-        for (int b = 0; b < NT; ++b)
-#pragma unroll
-            for (int c = 0; c < 16; ++c) qacc[a][b][c] = 0.0f;
+    float qacc[TILES][NT][16];  // the quad pair's sums, which the mmas accumulate
 #define MMA_ACC(a, b) qacc[a][b]
+#define MMA_SUMS 16
 #else
 #define MMA_ACC(a, b) acc[a][b]
+#define MMA_SUMS 4
 #endif
+#pragma unroll
+    for (int a = 0; a < TILES; ++a)
+#pragma unroll
+        for (int b = 0; b < NT; ++b)
+#pragma unroll
+            for (int c = 0; c < MMA_SUMS; ++c) MMA_ACC(a, b)[c] = 0.0f;
 
     // Per step s: codes cptr[a][s * W_STEP] (row g) and [s * W_STEP + W_B] (row g + 8) from a tile of 16 rows x
     // 16 words (NVFP4 128 k, FP8 64 k); NVFP4 scales sptr[a][s * S_STEP] (the bytes of row g, then row g + 8).
