@@ -82,7 +82,8 @@ def gemm(fmt: str, tight: bool = False, sm: int = weight_mma.ASYNC_SM):
 
     def call(x, p, bias, config, out=None, out_dtype=None):
         counters = torch.zeros(1024, dtype=torch.int32)
-        stage_bytes = (weight_mma.least_shared_bytes(config, x.shape[0], p.up_offset > 0, fmt) if tight
+        steps = p.codes.shape[1] * weight_mma.K_PER_WORD[fmt] // weight_mma.STEP_K[fmt]
+        stage_bytes = (weight_mma.least_shared_bytes(config, x.shape[0], p.up_offset > 0, fmt, steps) if tight
                        else weight_mma.STAGE_BYTES)
         scales, gscale = (p.scales, p.global_scale) if fmt == "nvfp4" else (None, p.scales)
         plan = weight_mma.plan_launch(fmt, x, p.codes, scales, gscale, bias, p.out_features, p.up_offset, config,

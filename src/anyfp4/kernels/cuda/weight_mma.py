@@ -91,15 +91,28 @@ def reduction_bytes(c: MMAConfig, m: int, gated: bool) -> int:
     return c.warps // c.kw * (c.kw - 1) * tiles * n_tiles_for(m) * 4 * 32 * 4
 
 
-def shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str, kc: int) -> int:
-    """Dynamic shared memory of a block of config ``c`` staging ``kc`` k per round: each K warp's rows, or what
-    its K warps meet in, where more."""
-    return max(c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated))
+# Shared memory of one preloaded step of one m16 tile (``MMAConfig.preload``): a 1 KiB code tile, NVFP4 also its
+# 128 scale bytes (weight_mma.cu's PRELOAD_STEP_WORDS).
+PRELOAD_STEP_BYTES = {"nvfp4": 1024 + 128, "fp8": 1024}
 
 
-def least_shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str) -> int:
+def preload_bytes(c: MMAConfig, steps: int, gated: bool, fmt: str) -> int:
+    """Shared memory for a block's preloaded weights: each warp's tiles over the longest K slice of ``steps``."""
+    if not c.preload:
+        return 0
+    return c.warps * c.mt * (2 if gated else 1) * -(-steps // k_slices(c)) * PRELOAD_STEP_BYTES[fmt]
+
+
+def shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str, kc: int, steps: int) -> int:
+    """Dynamic shared memory of a block of config ``c`` staging ``kc`` k per round over ``steps`` main-loop steps:
+    each K warp's rows, or what its K warps meet in, where more; then (16-byte aligned) the preloaded weights."""
+    base = max(c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated))
+    return (-(-base // 16) * 16 + preload_bytes(c, steps, gated, fmt)) if c.preload else base
+
+
+def least_shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str, steps: int) -> int:
     """The shared memory a block of config ``c`` needs at the least: one pass of its ring staged per round."""
-    return shared_bytes(c, m, gated, fmt, c.depth * STEP_K[fmt])
+    return shared_bytes(c, m, gated, fmt, c.depth * STEP_K[fmt], steps)
 
 
 # Shared memory for one block's staged activations (capped by the GPU's opt-in limit): more k per round means
@@ -194,15 +207,19 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     if refusal:
         raise ValueError(f"{refusal} of K = {k_pad}")
     least = c.depth * STEP_K[fmt]  # the kernel stages at the start of a pass only
-    kc = stage_k(m, stage_bytes // c.kw, least, fmt)
+    preloaded = preload_bytes(c, steps, up_offset > 0, fmt) + (16 if c.preload else 0)  # (its alignment)
+    kc = stage_k(m, max(stage_bytes - preloaded, 0) // c.kw, least, fmt)
     slice_k = -(-steps // k_slices(c)) * STEP_K[fmt]  # the longest slice: one round covers it
     while kc // 2 >= max(least, slice_k):
         kc //= 2
     gated = up_offset > 0
-    shared = shared_bytes(c, m, gated, fmt, kc)
+    shared = shared_bytes(c, m, gated, fmt, kc, steps)
     if shared > stage_bytes:
-        raise ValueError(f"depth {c.depth} with {c.kw} K warps needs {shared} bytes of shared memory for {m} rows, "
-                         f"more than the {stage_bytes} this GPU gives a block")
+        what = f"preloading {preload_bytes(c, steps, gated, fmt)} bytes of weights" if c.preload else ""
+        raise ValueError(f"depth {c.depth} with {c.kw} K warps{' and ' + what if what else ''} needs {shared} bytes "
+                         f"of shared memory for {m} rows, more than the {stage_bytes} this GPU gives a block")
+    if c.preload and sm < ASYNC_SM:
+        raise ValueError(f"preloading the weights (MMAConfig.preload) needs cp.async: sm_{ASYNC_SM}+, not sm_{sm}")
     bf16 = x.dtype == torch.bfloat16
     if sm < SOURCE_MIN_SM or (bf16 and sm < ASYNC_SM):
         raise ValueError(f"the CUDA decode kernel's source has variants for sm_{SOURCE_MIN_SM}+ (bf16 activations "
@@ -215,7 +232,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), **arch_defines(sm),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
-                   GATED=int(gated), HAS_BIAS=int(bias is not None),
+                   GATED=int(gated), HAS_BIAS=int(bias is not None), PRELOAD=int(bool(c.preload)),
                    VEC_X=int(x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0))  # cp.async staging
     if out is None:
         out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)

@@ -1,0 +1,125 @@
+"""Where the time of a chain of CUDA decode kernels goes (M = 1): each variant times 20 back-to-back calls over
+rotated weight copies in one CUDA graph (``bench.timing.graph_seconds``), as a decode step runs them, with the
+kernel's source changed for the measurement only:
+
+- ``base``: the source as served, early launch on (``EARLY=1``), and ``no_early`` (EARLY=0);
+- ``no_wait``: without ``griddepcontrol.wait``, so that consecutive kernels run wholly at the same time (what the
+  chain would cost if nothing waited for the previous kernel; split-K counters race, so it runs split 1 only and
+  its outputs are not looked at);
+- ``no_stage``: the activations not staged (no copies, no barriers; the mmas read whatever shared memory holds);
+- configs with ``preload`` (each block's K slice copied into shared memory before the wait), early launch on / off;
+- for scale, bf16 ``F.linear`` over a weight of the same bytes, and a device copy of half those bytes each way.
+
+    PYTHONPATH=src python benchmarks/probes/chain_anatomy.py --out chain_anatomy.json [--shapes 4096x4096 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+
+import torch
+
+from anyfp4.bench.random_weights import random_nvfp4
+from anyfp4.bench.timing import ROTATE_BYTES, graph_seconds
+from anyfp4.dispatch.configs import MMAConfig
+from anyfp4.kernels.cuda import nvrtc, weight_mma
+from anyfp4.kernels.cuda.counters import reserve_counters
+from anyfp4.packing.nvfp4 import prepack_nvfp4
+
+WAIT = 'asm volatile("griddepcontrol.wait;" ::: "memory");'
+STAGE = "auto stage = [&](const int s) {"
+SKIP_STAGE = STAGE + " if (1) { round_beg = s; round_end = min(s + round_steps, s_end); return; }"
+
+
+def variant_source(name: str) -> str:
+    src = weight_mma._source()
+    if name == "no_wait":
+        assert src.count(WAIT) == 1, "the source's griddepcontrol.wait moved"
+        return src.replace(WAIT, "")
+    if name == "no_stage":
+        assert src.count(STAGE) == 1, "the source's stage lambda moved"
+        return src.replace(STAGE, SKIP_STAGE)
+    return src
+
+
+def chain_us(source: str, early: bool, cfg: MMAConfig, ps: list, x: torch.Tensor, device: int) -> float:
+    counters = reserve_counters(x.device)
+    stage_bytes = min(weight_mma.STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
+    plans = [weight_mma.plan_launch("nvfp4", x, p.codes, p.scales, p.global_scale, None, p.out_features, 0, cfg,
+                                    None, None, stage_bytes=stage_bytes, early=early, counters=counters, sm=90)
+             for p in ps]
+    kernel = nvrtc.load(source, weight_mma.KERNEL, plans[0].defines, device, shared_memory=stage_bytes)
+
+    def call(i):
+        plan = plans[i % len(plans)]
+        kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
+
+    return graph_seconds(call) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="chain_anatomy.json")
+    ap.add_argument("--shapes", nargs="+", default=["4096x4096", "6144x4096", "14336x4096", "4096x14336"])
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    device = torch.cuda.current_device()
+    rows = []
+    for shape in args.shapes:
+        n, k = (int(v) for v in shape.split("x"))
+        nbytes = n * k * 9 // 16
+        copies = max(2, min(20, ROTATE_BYTES // nbytes))
+        ps = [prepack_nvfp4(random_nvfp4(n, k, dev)) for _ in range(copies)]
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        steps = k // 128
+        table = weight_mma_table_config(n, k)
+        configs = {"table": table, "table_preload": replace(table, preload=1)}
+        for mt in (1, 2):
+            for split in (1, 2, 4):
+                configs[f"mt{mt}_split{split}_kw8_preload"] = MMAConfig(mt=mt, warps=8, split_k=split, depth=2, kw=8,
+                                                                        preload=1)
+        configs["mt2_split1_kw4_preload"] = MMAConfig(mt=2, warps=4, split_k=1, depth=2, kw=4, preload=1)
+        configs["mt1_split1_kw4_w4_preload"] = MMAConfig(mt=1, warps=4, split_k=1, depth=2, kw=4, preload=1)
+        for cname, cfg in configs.items():
+            if steps % (cfg.split_k * cfg.kw):
+                continue
+            variants = (("base", True), ("no_early", False)) if cfg.preload else (
+                ("base", True), ("no_early", False), ("no_wait", True), ("no_stage", True))
+            for vname, early in variants:
+                if vname == "no_wait" and cfg.split_k > 1:
+                    continue
+                try:
+                    us = chain_us(variant_source(vname), early, cfg, ps, x, device)
+                except ValueError as e:  # e.g. more shared memory than a block may have
+                    print(cname, "refused:", e, flush=True)
+                    break
+                row = {"n": n, "k": k, "config": cname, "cfg": cfg.__dict__, "variant": vname, "us": us,
+                       "pct_copy_at_4_8TBps": nbytes / (us * 1e-6) / 4.8e12 * 100}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        kb = nbytes // 2 // k  # bf16 rows of the same bytes
+        wb = [torch.randn(kb, k, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        rows.append({"n": kb, "k": k, "variant": "bf16_linear_same_bytes",
+                     "us": graph_seconds(lambda i: torch.nn.functional.linear(x, wb[i % copies])) * 1e6})
+        src = [torch.empty(nbytes // 2, dtype=torch.uint8, device=dev) for _ in range(copies)]
+        dst = [torch.empty_like(s) for s in src]
+        rows.append({"n": n, "k": k, "variant": "copy_half_bytes_each_way",
+                     "us": graph_seconds(lambda i: dst[i % copies].copy_(src[i % copies])) * 1e6})
+        print(json.dumps(rows[-2]), json.dumps(rows[-1]), flush=True)
+        del ps, wb, src, dst
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+def weight_mma_table_config(n: int, k: int) -> MMAConfig:
+    from anyfp4.dispatch.tuning import mma_config
+
+    props = torch.cuda.get_device_properties(0)
+    return mma_config(90, props.multi_processor_count, "nvfp4", False, n, k, k, 1)
+
+
+if __name__ == "__main__":
+    main()
