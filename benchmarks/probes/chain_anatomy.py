@@ -7,7 +7,9 @@ kernel's source changed for the measurement only:
   chain would cost if nothing waited for the previous kernel; split-K counters race, so it runs split 1 only and
   its outputs are not looked at);
 - ``no_stage``: the activations not staged (no copies, no barriers; the mmas read whatever shared memory holds);
-- configs with ``preload`` (each block's K slice copied into shared memory before the wait), early launch on / off;
+- ``persist`` configs (fewer blocks than row tiles, the activations staged once per block), early launch on;
+- ``no_decode``: NVFP4 code words fed to the mmas undecoded (no decode, no block scales: the instructions of a step
+  but its loads and mmas), and with ``no_stage`` too;
 - for scale, bf16 ``F.linear`` over a weight of the same bytes, and a device copy of half those bytes each way.
 
     PYTHONPATH=src python benchmarks/probes/chain_anatomy.py --out chain_anatomy.json [--shapes 4096x4096 ...]
@@ -28,6 +30,8 @@ from anyfp4.kernels.cuda import nvrtc, weight_mma
 from anyfp4.kernels.cuda.counters import reserve_counters
 from anyfp4.packing.nvfp4 import prepack_nvfp4
 
+VARIANTS = (("base", True), ("no_early", False), ("no_wait", True), ("no_stage", True), ("no_decode", True),
+            ("no_decode_no_stage", True))
 WAIT = 'asm volatile("griddepcontrol.wait;" ::: "memory");'
 STAGE = "auto stage = [&](const int s) {"
 SKIP_STAGE = STAGE + " if (1) { round_beg = s; round_end = min(s + round_steps, s_end); return; }"
@@ -38,9 +42,14 @@ def variant_source(name: str) -> str:
     if name == "no_wait":
         assert src.count(WAIT) == 1, "the source's griddepcontrol.wait moved"
         return src.replace(WAIT, "")
-    if name == "no_stage":
+    if "no_decode" in name:  # NVFP4: each weight word goes to the mma as it is (no decode, no scale)
+        for p in ("a", "b"):
+            line = f"h{p}[p] = mul2(decode_pair(v{p}, p), bs{p});"
+            assert src.count(line) == 1, "the source's decode moved"
+            src = src.replace(line, f"h{p}[p] = v{p} ^ (u32)p;")
+    if "no_stage" in name:
         assert src.count(STAGE) == 1, "the source's stage lambda moved"
-        return src.replace(STAGE, SKIP_STAGE)
+        src = src.replace(STAGE, SKIP_STAGE)
     return src
 
 
@@ -48,7 +57,8 @@ def chain_us(source: str, early: bool, cfg: MMAConfig, ps: list, x: torch.Tensor
     counters = reserve_counters(x.device)
     stage_bytes = min(weight_mma.STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
     plans = [weight_mma.plan_launch("nvfp4", x, p.codes, p.scales, p.global_scale, None, p.out_features, 0, cfg,
-                                    None, None, stage_bytes=stage_bytes, early=early, counters=counters, sm=90)
+                                    None, None, stage_bytes=stage_bytes, early=early, counters=counters, sm=90,
+                                    sms=torch.cuda.get_device_properties(device).multi_processor_count)
              for p in ps]
     kernel = nvrtc.load(source, weight_mma.KERNEL, plans[0].defines, device, shared_memory=stage_bytes)
 
@@ -75,26 +85,21 @@ def main() -> None:
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         steps = k // 128
         table = weight_mma_table_config(n, k)
-        configs = {"table": table, "table_preload": replace(table, preload=1)}
-        for mt in (1, 2):
-            for split in (1, 2, 4):
-                configs[f"mt{mt}_split{split}_kw8_preload"] = MMAConfig(mt=mt, warps=8, split_k=split, depth=2, kw=8,
-                                                                        preload=1)
-        configs["mt2_split1_kw4_preload"] = MMAConfig(mt=2, warps=4, split_k=1, depth=2, kw=4, preload=1)
-        configs["mt1_split1_kw4_w4_preload"] = MMAConfig(mt=1, warps=4, split_k=1, depth=2, kw=4, preload=1)
+        configs = {"table": table, "split1_kw8": MMAConfig(mt=1, warps=8, split_k=1, depth=2, kw=8)}
+        for persist in (1, 2, 3):
+            configs[f"table_persist{persist}"] = replace(table, persist=persist)
+            configs[f"split1_kw8_persist{persist}"] = MMAConfig(mt=1, warps=8, split_k=1, depth=2, kw=8, persist=persist)
+            configs[f"split1_kw4_persist{persist}"] = MMAConfig(mt=1, warps=8, split_k=1, depth=2, kw=4, persist=persist)
+            configs[f"mt2_split1_kw8_persist{persist}"] = MMAConfig(mt=2, warps=8, split_k=1, depth=2, kw=8,
+                                                                    persist=persist)
+            configs[f"split2_kw4_persist{persist}"] = MMAConfig(mt=1, warps=8, split_k=2, depth=2, kw=4, persist=persist)
         for cname, cfg in configs.items():
             if steps % (cfg.split_k * cfg.kw):
                 continue
-            variants = (("base", True), ("no_early", False)) if cfg.preload else (
-                ("base", True), ("no_early", False), ("no_wait", True), ("no_stage", True))
-            for vname, early in variants:
+            for vname, early in (VARIANTS if cname in ("table", "split1_kw8") else VARIANTS[:1]):
                 if vname == "no_wait" and cfg.split_k > 1:
                     continue
-                try:
-                    us = chain_us(variant_source(vname), early, cfg, ps, x, device)
-                except ValueError as e:  # e.g. more shared memory than a block may have
-                    print(cname, "refused:", e, flush=True)
-                    break
+                us = chain_us(variant_source(vname), early, cfg, ps, x, device)
                 row = {"n": n, "k": k, "config": cname, "cfg": cfg.__dict__, "variant": vname, "us": us,
                        "pct_copy_at_4_8TBps": nbytes / (us * 1e-6) / 4.8e12 * 100}
                 rows.append(row)

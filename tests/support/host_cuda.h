@@ -228,7 +228,6 @@ inline void copy_16_bytes_async(unsigned* dst, const unsigned short* src, bool v
     copy_async(dst, src, valid, 16);
 }
 inline void copy_8_bytes_async(unsigned* dst, const unsigned short* src, bool valid) { copy_async(dst, src, valid, 8); }
-inline void copy_4_bytes_async(unsigned* dst, const unsigned short* src, bool valid) { copy_async(dst, src, valid, 4); }
 inline void wait_async_copies() {}
 
 inline float act_to_float(unsigned short bits) {

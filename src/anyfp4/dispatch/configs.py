@@ -14,8 +14,8 @@ class MMAConfig:
     split_k: int = 1
     depth: int = 2  # main-loop steps of code words in flight per thread
     kw: int = 1  # warps along K per row tile (a power of two dividing warps): they add their sums in shared memory
-    preload: int = 0  # 1: each block copies its whole K slice of weights into shared memory before it waits for the
-    # previous kernel (sm_80+; an early launch then has every weight byte in flight during that kernel); same bits
+    persist: int = 0  # > 0: launch at most this many blocks per multiprocessor, each taking several row tiles (the
+    # activations staged once per block, not once per tile); 0: one block per row tile. Same bits either way
 
 
 @dataclass(frozen=True)

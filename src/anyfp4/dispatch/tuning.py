@@ -63,7 +63,7 @@ def spread_slices(c: MMAConfig, slices: int, steps: int, m: int, gated: bool, fm
     while kw > 1:
         spread = replace(c, kw=kw, split_k=slices // kw)
         if (slices % kw == 0 and k_warps_refusal(spread, steps) is None
-                and least_shared_bytes(spread, m, gated, fmt, steps) <= STAGE_BYTES):
+                and least_shared_bytes(spread, m, gated, fmt) <= STAGE_BYTES):
             return spread
         kw //= 2
     return replace(c, kw=1, split_k=slices)

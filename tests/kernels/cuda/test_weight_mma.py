@@ -498,7 +498,7 @@ def test_k_slices_do_not_depend_on_m():
         steps = k_pad // weight_mma.STEP_K[fmt]
         for m, c in enumerate(configs, 1):
             assert c.kw == 1 or (steps % weight_mma.k_slices(c) == 0 and c.warps % c.kw == 0
-                                 and weight_mma.least_shared_bytes(c, m, gated, fmt, steps) <= weight_mma.STAGE_BYTES), c
+                                 and weight_mma.least_shared_bytes(c, m, gated, fmt) <= weight_mma.STAGE_BYTES), c
 
 
 @gpu
@@ -589,11 +589,9 @@ def test_k_warps_add_up_as_split_k_does_on_the_gpu(fmt):
 
 @gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-def test_preloaded_weights_give_the_same_bits_on_the_gpu(fmt):
-    """On the device, early launches included: a block that copies its K slice into shared memory before it waits
-    gives the float32 sums of the register ring from global memory, and the same outputs in a chain of calls each
-    reading the previous one's (scaled) output: the copies must not let a block read activations before they are
-    written."""
+def test_blocks_taking_several_row_tiles_give_the_same_bits_on_the_gpu(fmt):
+    """On the device, early launches included: ``persist`` launches (fewer blocks than row tiles) give the float32
+    sums of one block per tile, and in a chain of calls each reading the previous one's output, the same outputs."""
     from dataclasses import replace
 
     gen = torch.Generator(device="cuda").manual_seed(27)
@@ -603,19 +601,21 @@ def test_preloaded_weights_give_the_same_bits_on_the_gpu(fmt):
     else:
         p = prepack_fp8(quantize_fp8(torch.randn(n, k, device="cuda", generator=gen), per_channel=True))
         run = weight_mma.fp8_mma_gemm
-    for m, c in [(1, MMAConfig(1, 8, 1, 2, 8)), (1, MMAConfig(2, 8, 1, 2, 8)), (1, MMAConfig(1, 8, 4, 2, 2)),
+    for m, c in [(1, MMAConfig(1, 8, 1, 2, 8)), (1, MMAConfig(2, 8, 1, 2, 4)), (1, MMAConfig(1, 8, 4, 2, 2)),
                  (8, MMAConfig(1, 8, 8, 2)), (16, MMAConfig(2, 8, 2, 2, 4)), (32, MMAConfig(1, 8, 1, 4, 8))]:
-        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-        sums = run(x, p, None, replace(c, preload=1), out_dtype=torch.float32)
-        assert torch.equal(sums, run(x, p, None, c, out_dtype=torch.float32)), (m, c)
-        assert sums.abs().max() > 0
-        chained = [x]
-        for _ in range(6):  # each call's input is the previous one's output
-            chained.append(run(chained[-1], p, None, replace(c, preload=1)) * 0.05)
-        plain = [x]
-        for _ in range(6):
-            plain.append(run(plain[-1], p, None, c) * 0.05)
-        assert all(torch.equal(a, b) for a, b in zip(chained, plain)), (m, c)
+        for persist in (1, 2):
+            many = replace(c, persist=persist)
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            sums = run(x, p, None, many, out_dtype=torch.float32)
+            assert torch.equal(sums, run(x, p, None, c, out_dtype=torch.float32)), (m, many)
+            assert sums.abs().max() > 0
+            chains = []
+            for cfg in (many, c):  # each call's input is the previous one's output, scaled
+                ys = [x]
+                for _ in range(6):
+                    ys.append(run(ys[-1], p, None, cfg) * 0.05)
+                chains.append(ys)
+            assert all(torch.equal(a, b) for a, b in zip(*chains)), (m, many)
 
 
 def test_a_sweep_file_overrides_the_launch_table(tmp_path, monkeypatch):

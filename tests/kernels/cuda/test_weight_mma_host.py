@@ -129,46 +129,32 @@ def test_k_warps_add_up_as_split_k_does(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-def test_preloaded_weights_give_the_same_bits(fmt):
-    """A block that copies its whole K slice into shared memory before the wait (``MMAConfig.preload``) computes
-    what the register ring from global memory computes, bit for bit: split-K with unequal slices, K warps, several
-    m16 tiles, gated, staged once and every pass; outputs poisoned; and the reference's values."""
+def test_blocks_taking_several_row_tiles_give_the_same_bits(fmt):
+    """``persist``: fewer blocks than row tiles, each taking every gridDim.x-th tile, the activations staged once
+    per block where one round holds the slice (else again per tile) and the K warps' sums past them — the float32
+    sums and outputs of one block per tile, bit for bit: split-K (its counters per tile), K warps, several m16
+    tiles, gated, staged once and every pass; outputs poisoned; and the reference's values."""
     from dataclasses import replace
 
     gen = torch.Generator().manual_seed(25)
-    p, pg, (wd, _, _) = weights(fmt, gen)
-    run, tight = host_cuda.gemm(fmt), host_cuda.gemm(fmt, tight=True)
-    steps = p.codes.shape[1] * weight_mma.K_PER_WORD[fmt] // weight_mma.STEP_K[fmt]
-    cases = [(1, MMAConfig(1, 4, 1, 2)), (7, CONFIGS[1]), (16, CONFIGS[2]), (3, MMAConfig(1, 8, 4, 2)),
-             (5, MMAConfig(2, 4, 2, 4))]
-    gated_checked = 0
-    for m, c in cases:
-        pre = replace(c, preload=1)
-        x = torch.randn(m, K, generator=gen).to(torch.bfloat16)
-        out = torch.full((m, N), float("nan"), dtype=torch.bfloat16)
-        y = run(x, p, None, pre, out=out)
-        ref = x.double() @ wd.t()
-        assert ((y.double() - ref).norm() / ref.norm()).item() < 4e-3, (m, pre)
-        sums = run(x, p, None, pre, out_dtype=torch.float32)
-        assert torch.equal(sums, run(x, p, None, c, out_dtype=torch.float32)), (m, pre)
-        assert torch.equal(tight(x, p, None, pre, out_dtype=torch.float32), sums), (m, pre)
-        if weight_mma.least_shared_bytes(pre, m, True, fmt, steps) <= weight_mma.STAGE_BYTES:  # gated: twice the tiles
-            gated_checked += 1
-            assert torch.equal(run(x, pg, None, pre), run(x, pg, None, c)), (m, pre)
-    assert gated_checked >= 3
-    n, k = 200, 1024  # K warps: slices dividing the 8 NVFP4 / 16 FP8 steps
-    w = (nvfp4_weight(n, k, gen, torch.tensor(2e-3), device="cpu") if fmt == "nvfp4"
-         else quantize_fp8(torch.randn(n, k, generator=gen), per_channel=True))
-    pk = (prepack_nvfp4 if fmt == "nvfp4" else prepack_fp8)(w)
-    for m, c in [(1, MMAConfig(1, 8, 1, 2, 8)), (9, MMAConfig(1, 4, 2, 2, 2)), (2, MMAConfig(2, 8, 1, 4, 4))]:
-        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
-        assert torch.equal(run(x, pk, None, replace(c, preload=1), out_dtype=torch.float32),
-                           run(x, pk, None, c, out_dtype=torch.float32)), (m, c)
-
-
-def test_preload_is_refused_without_cp_async():
-    gen = torch.Generator().manual_seed(26)
-    p = prepack_nvfp4(nvfp4_weight(64, 256, gen, torch.tensor(1e-3), device="cpu"))
-    x = torch.randn(2, 256, generator=gen).to(torch.float16)
-    with pytest.raises(ValueError, match="preloading the weights .* needs cp.async: sm_80"):
-        host_cuda.gemm("nvfp4", sm=75)(x, p, None, MMAConfig(1, 4, 1, 2, preload=1))
+    n, k = 456, 1024  # 29 m16 tiles; 8 NVFP4 / 16 FP8 steps: K warps' slices divide them
+    if fmt == "nvfp4":
+        w, gw, uw = (nvfp4_weight(n, k, gen, torch.tensor(2e-3), device="cpu") for _ in range(3))
+        p, pg, wd = prepack_nvfp4(w), prepack_nvfp4_gated(gw, uw), dequantize_nvfp4(w).double()
+    else:
+        w, gw, uw = (quantize_fp8(torch.randn(n, k, generator=gen), per_channel=True) for _ in range(3))
+        p, pg, wd = prepack_fp8(w), prepack_fp8_gated(gw, uw), dequantize_fp8(w).double()
+    one = host_cuda.gemm(fmt)
+    for sms, tight in ((1, False), (2, True), (3, False)):
+        few = host_cuda.gemm(fmt, tight=tight, sms=sms)
+        for m, c in [(1, MMAConfig(1, 8, 1, 2, 8)), (7, MMAConfig(1, 4, 3, 4)), (16, MMAConfig(2, 4, 2, 2, 2)),
+                     (3, MMAConfig(1, 8, 2, 2, 4)), (32, MMAConfig(1, 2, 1, 4))]:
+            many = replace(c, persist=2)
+            x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+            out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+            y = few(x, p, None, many, out=out)
+            ref = x.double() @ wd.t()
+            assert ((y.double() - ref).norm() / ref.norm()).item() < 4e-3, (m, many, sms)
+            assert torch.equal(few(x, p, None, many, out_dtype=torch.float32),
+                               one(x, p, None, c, out_dtype=torch.float32)), (m, many, sms)
+            assert torch.equal(few(x, pg, None, many), one(x, pg, None, c)), (m, many, sms)

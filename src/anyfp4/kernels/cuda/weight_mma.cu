@@ -60,9 +60,9 @@
 // weights, which no kernel writes — while the previous kernel finishes, and waits for it (griddepcontrol.wait)
 // before it reads the activations or writes anything; it lets the next such kernel start as soon as all its own
 // blocks run (griddepcontrol.launch_dependents), since that kernel too waits before it reads or writes anything
-// a kernel writes), PRELOAD (sm_80+: the block copies its whole K slice of code words and scales into shared memory
-// with cp.async before that wait, so that an early launch has all its weight bytes in flight while the previous
-// kernel runs; the main loop's ring then fills from shared memory; the same bits); and the constants of the tile layout, the staging and the
+// a kernel writes), PERSIST (fewer blocks than row tiles, each taking every gridDim.x-th tile: the activations are
+// staged once per block instead of once per tile, and the K warps' sums meet past them); and the constants of the
+// tile layout, the staging and the
 // decode (STEP, X_T, X_Q, XS_PAD, TILE_ROWS, TILE_WORDS, TILE_BLOCKS, SCALE_PERM_BASE, SCALE_PERM_STEP, SCALE_MUL,
 // SCALE_ADD, FP8_BF16_RESCALE, UNIT), which kernels/cuda/weight_mma_defines.py works out from packing/layout.py and
 // the formats. The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
@@ -96,14 +96,9 @@ static_assert(TILE_ROWS == 16 && TILE_WORDS == 16 && TILE_BLOCKS == 8, "the lane
 #ifndef QUAD_PAIRS
 #define QUAD_PAIRS 0
 #endif
-#ifndef PRELOAD
-#define PRELOAD 0
+#ifndef PERSIST
+#define PERSIST 0
 #endif
-#if PRELOAD && !ASYNC_COPY
-#error "PRELOAD copies the weights with cp.async (sm_80+)"
-#endif
-// Shared-memory words of one preloaded step of one m16 tile: its code tile, and for NVFP4 its scale tile.
-#define PRELOAD_STEP_WORDS (TILE_ROWS * TILE_WORDS + (FP8 ? 0 : TILE_ROWS * TILE_BLOCKS / 4))
 #if (MMA_K8 || QUAD_PAIRS) && BF16
 #error "sm_70 / sm_75 tensor cores have no bf16 mma: fp16 activations only"
 #endif
@@ -178,11 +173,6 @@ __device__ __forceinline__ void copy_16_bytes_async(u32* dst, const u16* src, bo
 __device__ __forceinline__ void copy_8_bytes_async(u32* dst, const u16* src, bool valid) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
                  :: "r"((u32)__cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 8 : 0) : "memory");
-}
-
-__device__ __forceinline__ void copy_4_bytes_async(u32* dst, const u16* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
-                 :: "r"((u32)__cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 4 : 0) : "memory");
 }
 
 __device__ __forceinline__ void wait_async_copies() {
@@ -419,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const float* __restrict__ gscale, const u16* __restrict__ bias, void* __restrict__ out,
     float* __restrict__ partial, int* __restrict__ counters,
     int M, int K, int N_OUT, int up_offset, int rows_total, int stride_c4, int stride_s2, int stride_xm,
-    int stride_om, int nsteps, int kc) {
+    int stride_om, int nsteps, int kc, int row_tiles) {
     const int xs_stride = kc / 2 + XS_PAD;  // u32 per staged row
     const int round_steps = kc / STEP;
 
@@ -431,10 +421,15 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const int fl = fragment_lane(lane), fg = fl >> 2, ft = fl & 3;  // the lane whose fragments this lane loads
     const int kw = warp % KW;  // this warp's K slice of the block's; warps warp - kw .. warp - kw + KW - 1 share rows
     const int split = gridDim.y, kz = blockIdx.y;
-    const int row0 = blockIdx.x * ROWS_PER_BLOCK + warp / KW * ROWS_PER_WARP;
     const long long slices = (long long)split * KW, z = (long long)kz * KW + kw;  // KW > 1: slices divide nsteps
     const int s_beg = (int)(z * nsteps / slices);
     const int s_end = (int)((z + 1) * nsteps / slices);
+    int round_beg = s_beg, round_end = s_beg;  // the staged round of activations (stage, below)
+
+    // Row tiles: block x takes tiles x, x + gridDim.x, ... (one each unless PERSIST launched fewer blocks than
+    // tiles); a later tile keeps the staged activations when one round holds the whole slice.
+    for (int tile = blockIdx.x; tile < row_tiles; tile += gridDim.x) {
+    const int row0 = tile * ROWS_PER_BLOCK + warp / KW * ROWS_PER_WARP;
 
     float acc[TILES][NT][4];  // the m16n8k16 C elements (sm_70: written by quad_pairs_to_c after the main loop)
 #if QUAD_PAIRS
@@ -472,80 +467,39 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const int W_STEP = TILE_ROWS * TILE_WORDS / 4, W_B = TILE_ROWS / 2 * TILE_WORDS / 4;
     const int S_STEP = TILE_ROWS * TILE_BLOCKS / 4;
 
-#pragma unroll
-    for (int a = 0; a < TILES; ++a) {  // at the slice's first step
-        cptr[a] += (long long)s_beg * W_STEP;
-#if !FP8
-        sptr[a] += s_beg * S_STEP;
-#endif
-    }
-#if PRELOAD
-    // The whole slice into shared memory before the wait: per warp and tile, its steps' code tiles (W_STEP uint4
-    // each, as in the prepack) and then their scale tiles (S_STEP words), after what the staged activations and
-    // the K warps' sums use. Each thread copies exactly the words it reads later, so its own wait is enough.
-    {
-        const int max_steps = (int)((nsteps + slices - 1) / slices);
-        const int staged_words = KW * M * xs_stride, reduce_words = WARPS / KW * (KW - 1) * TILES * NT * 4 * 32;
-        const int w_base = ((staged_words > reduce_words ? staged_words : reduce_words) + 3) & ~3;
-#pragma unroll
-        for (int a = 0; a < TILES; ++a) {
-            u32* region = xs + w_base + (warp * TILES + a) * max_steps * PRELOAD_STEP_WORDS;
-            uint4* dc = reinterpret_cast<uint4*>(region) + fl;
-            u32* ds = region + max_steps * W_STEP * 4 + fl;
-            for (int s = 0; s < s_end - s_beg; ++s) {
-                copy_16_bytes_async(reinterpret_cast<u32*>(dc + s * W_STEP),
-                                    reinterpret_cast<const u16*>(cptr[a] + s * W_STEP), true);
-                copy_16_bytes_async(reinterpret_cast<u32*>(dc + s * W_STEP + W_B),
-                                    reinterpret_cast<const u16*>(cptr[a] + s * W_STEP + W_B), true);
-#if !FP8
-                copy_4_bytes_async(ds + s * S_STEP, reinterpret_cast<const u16*>(sptr[a] + s * S_STEP), true);
-#endif
-            }
-            cptr[a] = dc;
-            sptr[a] = ds;
-        }
-    }
-#endif
-
     // Register ring of DEPTH steps: slot d holds step s0 + d; after its mmas it is refilled with step s0 + d + DEPTH.
-    // The refills of one pass over the ring (steps s0 + DEPTH .. s0 + 2 DEPTH - 1) read at fixed offsets from
-    // the pointers, advanced once per pass: past the ring once it is filled.
     uint4 wa[DEPTH][TILES], wb[DEPTH][TILES];
     u32 sw[DEPTH][TILES];
-    auto fill_ring = [&]() {
 #pragma unroll
-        for (int d = 0; d < DEPTH; ++d)
+    for (int d = 0; d < DEPTH; ++d)
 #pragma unroll
-            for (int a = 0; a < TILES; ++a)
-                if (s_beg + d < s_end) {
-                    wa[d][a] = cptr[a][d * W_STEP];
-                    wb[d][a] = cptr[a][d * W_STEP + W_B];
+        for (int a = 0; a < TILES; ++a)
+            if (s_beg + d < s_end) {
+                const int s = s_beg + d;
+                wa[d][a] = cptr[a][s * W_STEP];
+                wb[d][a] = cptr[a][s * W_STEP + W_B];
 #if !FP8
-                    sw[d][a] = sptr[a][d * S_STEP];
+                sw[d][a] = sptr[a][s * S_STEP];
 #endif
-                }
+            }
+
+    // The refills of one pass over the ring (steps s0 + DEPTH .. s0 + 2 DEPTH - 1) read at fixed offsets from
+    // these pointers, advanced once per pass.
 #pragma unroll
-        for (int a = 0; a < TILES; ++a) {
-            cptr[a] += DEPTH * W_STEP;
+    for (int a = 0; a < TILES; ++a) {
+        cptr[a] += (long long)(s_beg + DEPTH) * W_STEP;
 #if !FP8
-            sptr[a] += DEPTH * S_STEP;
+        sptr[a] += (s_beg + DEPTH) * S_STEP;
 #endif
-        }
-    };
-#if !PRELOAD
-    fill_ring();
-#endif
+    }
+
 #if EARLY
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-#if PRELOAD
-    wait_async_copies();
-    fill_ring();
+    if (tile == (int)blockIdx.x) asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     // Staging rounds start at s_beg and are a multiple of DEPTH steps long (the launcher's kc), so a round only
     // ever starts at the first step of a pass over the ring. The K warps of a block have slices of one length and
     // stage together: a round holds, for each K warp j, the same offset into its slice (rows j * M .. j * M + M - 1).
-    int round_beg = s_beg, round_end = s_beg;
+    if (round_beg != s_beg || round_end != s_end) round_end = s_beg;  // stage from the slice's start
     // The activations of the kc-wide round from step s, as 8-groups permuted (permute_group) and placed
     // (staged_word). Rows 16-byte aligned with K % 8 == 0 (VEC_X; a group then lies wholly below K or wholly
     // past it): every group copied by cp.async at once (16 bytes, FP8 two 8-byte halves; no registers held; a
@@ -689,9 +643,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #endif
 #if KW > 1
     // The K warps' sums meet in shared memory, in the staged activations' place (the launcher gives a block enough
-    // for both): K warps 1..KW-1 of each row tile store theirs, K warp 0 adds them (sum_warps).
+    // for both; with PERSIST past them): K warps 1..KW-1 of each row tile store theirs, K warp 0 adds them.
     __syncthreads();
-    float* red = reinterpret_cast<float*>(xs) + (warp / KW) * ((KW - 1) * TILES * NT * 4 * 32);
+    float* red = reinterpret_cast<float*>(xs) + (PERSIST ? KW * M * xs_stride : 0)  // PERSIST: past the staged rows
+                 + (warp / KW) * ((KW - 1) * TILES * NT * 4 * 32);
     if (kw > 0) {
 #pragma unroll
         for (int a = 0; a < TILES; ++a)
@@ -727,9 +682,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 }
         __threadfence();
         __syncthreads();
-        if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1) == split - 1;
+        if (threadIdx.x == 0) is_last = atomicAdd(&counters[tile], 1) == split - 1;
         __syncthreads();
-        if (!is_last || !owner) return;
+        if (!is_last || !owner) continue;
         __threadfence();
 #pragma unroll
         for (int a = 0; a < TILES; ++a)
@@ -741,10 +696,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                     acc[a][b][i] = m < M ? sum_slices(partial + (long long)m * rows_total + n,
                                                       (long long)M * rows_total) : 0.0f;
                 }
-        if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+        if (threadIdx.x == 0) counters[tile] = 0;
     }
 
-    if (!owner) return;
+    if (!owner) continue;
     // The weight value in the mma is w * 2^-e (see above); the epilogue restores 2^e (UNIT: NVFP4 fp16 2^14, bf16
     // 2^8; FP8 fp16 2^8, bf16 1) and the scale.
     const float unit = (float)UNIT;
@@ -775,4 +730,5 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 reinterpret_cast<u16*>(out)[(long long)m * stride_om + n] = float_to_out(y);
 #endif
             }
+    }  // row tiles
 }

@@ -91,28 +91,16 @@ def reduction_bytes(c: MMAConfig, m: int, gated: bool) -> int:
     return c.warps // c.kw * (c.kw - 1) * tiles * n_tiles_for(m) * 4 * 32 * 4
 
 
-# Shared memory of one preloaded step of one m16 tile (``MMAConfig.preload``): a 1 KiB code tile, NVFP4 also its
-# 128 scale bytes (weight_mma.cu's PRELOAD_STEP_WORDS).
-PRELOAD_STEP_BYTES = {"nvfp4": 1024 + 128, "fp8": 1024}
+def shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str, kc: int) -> int:
+    """Dynamic shared memory of a block of config ``c`` staging ``kc`` k per round: each K warp's rows, or what
+    its K warps meet in, where more (``persist``: both, the sums past the rows, which later row tiles reuse)."""
+    staged, sums = c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated)
+    return staged + sums if c.persist else max(staged, sums)
 
 
-def preload_bytes(c: MMAConfig, steps: int, gated: bool, fmt: str) -> int:
-    """Shared memory for a block's preloaded weights: each warp's tiles over the longest K slice of ``steps``."""
-    if not c.preload:
-        return 0
-    return c.warps * c.mt * (2 if gated else 1) * -(-steps // k_slices(c)) * PRELOAD_STEP_BYTES[fmt]
-
-
-def shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str, kc: int, steps: int) -> int:
-    """Dynamic shared memory of a block of config ``c`` staging ``kc`` k per round over ``steps`` main-loop steps:
-    each K warp's rows, or what its K warps meet in, where more; then (16-byte aligned) the preloaded weights."""
-    base = max(c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated))
-    return (-(-base // 16) * 16 + preload_bytes(c, steps, gated, fmt)) if c.preload else base
-
-
-def least_shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str, steps: int) -> int:
+def least_shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str) -> int:
     """The shared memory a block of config ``c`` needs at the least: one pass of its ring staged per round."""
-    return shared_bytes(c, m, gated, fmt, c.depth * STEP_K[fmt], steps)
+    return shared_bytes(c, m, gated, fmt, c.depth * STEP_K[fmt])
 
 
 # Shared memory for one block's staged activations (capped by the GPU's opt-in limit): more k per round means
@@ -177,10 +165,10 @@ class Launch:
 def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
                 gscale: torch.Tensor, bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
                 out: torch.Tensor | None, out_dtype: torch.dtype | None, *, stage_bytes: int, early: bool,
-                counters: torch.Tensor | None, sm: int = ASYNC_SM) -> Launch:
+                counters: torch.Tensor | None, sm: int = ASYNC_SM, sms: int = 132) -> Launch:
     """Check the inputs and work out a launch; no GPU needed (``stage_bytes``: the shared memory a block may
     stage activations in; ``counters``: the split-K arrival counters, all zero; ``sm``: the GPU's architecture,
-    which picks the mma shape and the staging copies)."""
+    which picks the mma shape and the staging copies; ``sms``: its multiprocessors, for ``persist`` launches)."""
     m, k = x.shape
     if not 1 <= m <= DECODE_ROWS:
         raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {DECODE_ROWS}, got {m}")
@@ -190,8 +178,8 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     rows_total = codes.shape[0]
     k_pad = codes.shape[1] * K_PER_WORD[fmt]
     block_rows = rows_per_block(c)
-    grid_x = -(-n_rows // block_rows)
-    if grid_x * block_rows > (up_offset or rows_total):
+    row_tiles = -(-n_rows // block_rows)
+    if row_tiles * block_rows > (up_offset or rows_total):
         raise ValueError(f"row tile {block_rows} overruns the prepack's {up_offset or rows_total} rows")
     if bias is not None and (bias.dtype != x.dtype or bias.stride(0) != 1):
         raise ValueError("bias must be contiguous with x's dtype")
@@ -207,19 +195,16 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     if refusal:
         raise ValueError(f"{refusal} of K = {k_pad}")
     least = c.depth * STEP_K[fmt]  # the kernel stages at the start of a pass only
-    preloaded = preload_bytes(c, steps, up_offset > 0, fmt) + (16 if c.preload else 0)  # (its alignment)
-    kc = stage_k(m, max(stage_bytes - preloaded, 0) // c.kw, least, fmt)
+    beside = reduction_bytes(c, m, up_offset > 0) if c.persist else 0  # the K warps' sums past the staged rows
+    kc = stage_k(m, max(stage_bytes - beside, 0) // c.kw, least, fmt)
     slice_k = -(-steps // k_slices(c)) * STEP_K[fmt]  # the longest slice: one round covers it
     while kc // 2 >= max(least, slice_k):
         kc //= 2
     gated = up_offset > 0
-    shared = shared_bytes(c, m, gated, fmt, kc, steps)
+    shared = shared_bytes(c, m, gated, fmt, kc)
     if shared > stage_bytes:
-        what = f"preloading {preload_bytes(c, steps, gated, fmt)} bytes of weights" if c.preload else ""
-        raise ValueError(f"depth {c.depth} with {c.kw} K warps{' and ' + what if what else ''} needs {shared} bytes "
-                         f"of shared memory for {m} rows, more than the {stage_bytes} this GPU gives a block")
-    if c.preload and sm < ASYNC_SM:
-        raise ValueError(f"preloading the weights (MMAConfig.preload) needs cp.async: sm_{ASYNC_SM}+, not sm_{sm}")
+        raise ValueError(f"depth {c.depth} with {c.kw} K warps needs {shared} bytes of shared memory for {m} rows, "
+                         f"more than the {stage_bytes} this GPU gives a block")
     bf16 = x.dtype == torch.bfloat16
     if sm < SOURCE_MIN_SM or (bf16 and sm < ASYNC_SM):
         raise ValueError(f"the CUDA decode kernel's source has variants for sm_{SOURCE_MIN_SM}+ (bf16 activations "
@@ -232,7 +217,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), **arch_defines(sm),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
-                   GATED=int(gated), HAS_BIAS=int(bias is not None), PRELOAD=int(bool(c.preload)),
+                   GATED=int(gated), HAS_BIAS=int(bias is not None), PERSIST=int(c.persist > 0),
                    VEC_X=int(x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0))  # cp.async staging
     if out is None:
         out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
@@ -240,15 +225,16 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
         raise ValueError(f"out must be ({m}, {n_rows}) {out_dtype} with a contiguous last dimension, "
                          f"got {tuple(out.shape)} {out.dtype}")
     if c.split_k > 1:
-        if grid_x > COUNTER_SLOTS:
-            raise ValueError(f"{grid_x} row tiles exceed the {COUNTER_SLOTS} split-K counters")
+        if row_tiles > COUNTER_SLOTS:
+            raise ValueError(f"{row_tiles} row tiles exceed the {COUNTER_SLOTS} split-K counters")
         partial = torch.empty(c.split_k, m, rows_total, dtype=torch.float32, device=x.device)
     else:
         partial, counters = out, out
     args = [x, codes, block_scales if block_scales is not None else codes, gscale, bias if bias is not None else out,
             out, partial, counters, m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4,
             block_scales.stride(0) // 2 if block_scales is not None else 0,
-            x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc]
+            x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc, row_tiles]
+    grid_x = min(row_tiles, c.persist * sms) if c.persist else row_tiles
     return Launch(defines, (grid_x, c.split_k, 1), c.warps * 32, shared, args, out)
 
 
@@ -262,7 +248,8 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
     early = early_launch(device)
     counters = reserve_counters(x.device) if config.split_k > 1 else None
     plan = plan_launch(fmt, x, codes, block_scales, gscale, bias, n_rows, up_offset, config, out, out_dtype,
-                       stage_bytes=stage_bytes, early=early, counters=counters, sm=device_arch(device)[0])
+                       stage_bytes=stage_bytes, early=early, counters=counters, sm=device_arch(device)[0],
+                       sms=torch.cuda.get_device_properties(device).multi_processor_count)
     kernel = nvrtc.load(_source(), KERNEL, plan.defines, device, shared_memory=stage_bytes)
     kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
     return plan.out
