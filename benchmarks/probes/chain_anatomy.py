@@ -7,7 +7,7 @@ kernel's source changed for the measurement only:
   chain would cost if nothing waited for the previous kernel; split-K counters race, so it runs split 1 only and
   its outputs are not looked at);
 - ``no_stage``: the activations not staged (no copies, no barriers; the mmas read whatever shared memory holds);
-- ``persist`` configs (fewer blocks than row tiles, the activations staged once per block), early launch on;
+- ``min_blocks3`` / ``4``: registers capped (``__launch_bounds__``) so that 3 / 4 blocks fit a multiprocessor;
 - ``no_decode``: NVFP4 code words fed to the mmas undecoded (no decode, no block scales: the instructions of a step
   but its loads and mmas), and with ``no_stage`` too;
 - for scale, bf16 ``F.linear`` over a weight of the same bytes, and a device copy of half those bytes each way.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 
 import torch
 
@@ -30,8 +29,10 @@ from anyfp4.kernels.cuda import nvrtc, weight_mma
 from anyfp4.kernels.cuda.counters import reserve_counters
 from anyfp4.packing.nvfp4 import prepack_nvfp4
 
+MIN_BLOCKS = (("min_blocks3", True), ("min_blocks4", True))
 VARIANTS = (("base", True), ("no_early", False), ("no_wait", True), ("no_stage", True), ("no_decode", True),
             ("no_decode_no_stage", True))
+BOUNDS = "__launch_bounds__(WARPS * 32)"
 WAIT = 'asm volatile("griddepcontrol.wait;" ::: "memory");'
 STAGE = "auto stage = [&](const int s) {"
 SKIP_STAGE = STAGE + " if (1) { round_beg = s; round_end = min(s + round_steps, s_end); return; }"
@@ -42,6 +43,9 @@ def variant_source(name: str) -> str:
     if name == "no_wait":
         assert src.count(WAIT) == 1, "the source's griddepcontrol.wait moved"
         return src.replace(WAIT, "")
+    if name.startswith("min_blocks"):  # registers capped for that many resident blocks of a multiprocessor
+        assert src.count(BOUNDS) == 1, "the source's launch bounds moved"
+        return src.replace(BOUNDS, f"__launch_bounds__(WARPS * 32, {name[-1]})")
     if "no_decode" in name:  # NVFP4: each weight word goes to the mma as it is (no decode, no scale)
         for p in ("a", "b"):
             line = f"h{p}[p] = mul2(decode_pair(v{p}, p), bs{p});"
@@ -57,8 +61,7 @@ def chain_us(source: str, early: bool, cfg: MMAConfig, ps: list, x: torch.Tensor
     counters = reserve_counters(x.device)
     stage_bytes = min(weight_mma.STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
     plans = [weight_mma.plan_launch("nvfp4", x, p.codes, p.scales, p.global_scale, None, p.out_features, 0, cfg,
-                                    None, None, stage_bytes=stage_bytes, early=early, counters=counters, sm=90,
-                                    sms=torch.cuda.get_device_properties(device).multi_processor_count)
+                                    None, None, stage_bytes=stage_bytes, early=early, counters=counters, sm=90)
              for p in ps]
     kernel = nvrtc.load(source, weight_mma.KERNEL, plans[0].defines, device, shared_memory=stage_bytes)
 
@@ -85,18 +88,15 @@ def main() -> None:
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         steps = k // 128
         table = weight_mma_table_config(n, k)
-        configs = {"table": table, "split1_kw8": MMAConfig(mt=1, warps=8, split_k=1, depth=2, kw=8)}
-        for persist in (1, 2, 3):
-            configs[f"table_persist{persist}"] = replace(table, persist=persist)
-            configs[f"split1_kw8_persist{persist}"] = MMAConfig(mt=1, warps=8, split_k=1, depth=2, kw=8, persist=persist)
-            configs[f"split1_kw4_persist{persist}"] = MMAConfig(mt=1, warps=8, split_k=1, depth=2, kw=4, persist=persist)
-            configs[f"mt2_split1_kw8_persist{persist}"] = MMAConfig(mt=2, warps=8, split_k=1, depth=2, kw=8,
-                                                                    persist=persist)
-            configs[f"split2_kw4_persist{persist}"] = MMAConfig(mt=1, warps=8, split_k=2, depth=2, kw=4, persist=persist)
+        configs = {"table": table, "split1_kw8": MMAConfig(mt=1, warps=8, split_k=1, depth=2, kw=8),
+                   "mt1_split4_kw2": MMAConfig(mt=1, warps=8, split_k=4, depth=2, kw=2),
+                   "mt1_split2_kw4": MMAConfig(mt=1, warps=8, split_k=2, depth=2, kw=4),
+                   "mt1_split8": MMAConfig(mt=1, warps=8, split_k=8, depth=2),
+                   "mt1_split2_kw2_d4": MMAConfig(mt=1, warps=8, split_k=2, depth=4, kw=2)}
         for cname, cfg in configs.items():
             if steps % (cfg.split_k * cfg.kw):
                 continue
-            for vname, early in (VARIANTS if cname in ("table", "split1_kw8") else VARIANTS[:1]):
+            for vname, early in (VARIANTS if cname in ("table", "split1_kw8") else VARIANTS[:1]) + MIN_BLOCKS:
                 if vname == "no_wait" and cfg.split_k > 1:
                     continue
                 us = chain_us(variant_source(vname), early, cfg, ps, x, device)

@@ -17,19 +17,19 @@ import torch
 from anyfp4.kernels.cuda import weight_mma
 
 HEADER = Path(__file__).with_name("host_cuda.h")
-N_POINTERS, N_INTS = 8, 12  # anyfp4_weight_mma's parameters
+N_POINTERS, N_INTS = 8, 11  # anyfp4_weight_mma's parameters
 LAUNCH = """
 static void* host_ptrs[8];
-static int host_ints[12];
+static int host_ints[11];
 static void host_body() {
     const int* i = host_ints;
     anyfp4_weight_mma((const u16*)host_ptrs[0], (const uint4*)host_ptrs[1], (const u16*)host_ptrs[2],
                       (const float*)host_ptrs[3], (const u16*)host_ptrs[4], host_ptrs[5], (float*)host_ptrs[6],
-                      (int*)host_ptrs[7], i[0], i[1], i[2], i[3], i[4], i[5], i[6], i[7], i[8], i[9], i[10], i[11]);
+                      (int*)host_ptrs[7], i[0], i[1], i[2], i[3], i[4], i[5], i[6], i[7], i[8], i[9], i[10]);
 }
 extern "C" int host_launch(int gx, int gy, int threads, void** ptrs, const int* ints, char* err, int errlen) {
     for (int k = 0; k < 8; ++k) host_ptrs[k] = ptrs[k];
-    for (int k = 0; k < 12; ++k) host_ints[k] = ints[k];
+    for (int k = 0; k < 11; ++k) host_ints[k] = ints[k];
     return host::run_grid(gx, gy, threads, host_body, err, errlen);
 }
 """
@@ -73,12 +73,12 @@ def run(plan: weight_mma.Launch) -> torch.Tensor:
     return plan.out
 
 
-def gemm(fmt: str, tight: bool = False, sm: int = weight_mma.ASYNC_SM, sms: int = 132):
+def gemm(fmt: str, tight: bool = False, sm: int = weight_mma.ASYNC_SM):
     """A CPU stand-in for ``nvfp4_mma_gemm`` / ``fp8_mma_gemm`` (same arguments) that runs the kernel's source;
     ``tight``: give a block only the shared memory of one pass over its ring (for each K warp; or what its K warps
     meet in, where more), so it stages activations every pass (else the H200's ``STAGE_BYTES``); ``sm``: the
-    architecture's variant (75: two m16n8k8 mmas per product, staging through registers); ``sms``: the
-    multiprocessors a ``persist`` config launches its blocks for. Checks that the split-K counters are left at zero."""
+    architecture's variant (75: two m16n8k8 mmas per product, staging through registers). Checks that the split-K
+    counters are left at zero."""
 
     def call(x, p, bias, config, out=None, out_dtype=None):
         counters = torch.zeros(1024, dtype=torch.int32)
@@ -87,7 +87,7 @@ def gemm(fmt: str, tight: bool = False, sm: int = weight_mma.ASYNC_SM, sms: int 
         scales, gscale = (p.scales, p.global_scale) if fmt == "nvfp4" else (None, p.scales)
         plan = weight_mma.plan_launch(fmt, x, p.codes, scales, gscale, bias, p.out_features, p.up_offset, config,
                                       out, out_dtype, stage_bytes=stage_bytes, early=False, counters=counters,
-                                      sm=sm, sms=sms)
+                                      sm=sm)
         y = run(plan)
         assert not counters.any(), "split-K counters not reset"
         return y

@@ -14,8 +14,8 @@ class MMAConfig:
     split_k: int = 1
     depth: int = 2  # main-loop steps of code words in flight per thread
     kw: int = 1  # warps along K per row tile (a power of two dividing warps): they add their sums in shared memory
-    persist: int = 0  # > 0: launch at most this many blocks per multiprocessor, each taking several row tiles (the
-    # activations staged once per block, not once per tile); 0: one block per row tile. Same bits either way
+    min_blocks: int = 0  # > 0: the compiler keeps to the registers of this many resident blocks a multiprocessor
+    # (__launch_bounds__'s second argument), which changes its scheduling, not the bits; 0: its own choice
 
 
 @dataclass(frozen=True)

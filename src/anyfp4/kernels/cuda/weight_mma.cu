@@ -60,9 +60,7 @@
 // weights, which no kernel writes — while the previous kernel finishes, and waits for it (griddepcontrol.wait)
 // before it reads the activations or writes anything; it lets the next such kernel start as soon as all its own
 // blocks run (griddepcontrol.launch_dependents), since that kernel too waits before it reads or writes anything
-// a kernel writes), PERSIST (fewer blocks than row tiles, each taking every gridDim.x-th tile: the activations are
-// staged once per block instead of once per tile, and the K warps' sums meet past them); and the constants of the
-// tile layout, the staging and the
+// a kernel writes); and the constants of the tile layout, the staging and the
 // decode (STEP, X_T, X_Q, XS_PAD, TILE_ROWS, TILE_WORDS, TILE_BLOCKS, SCALE_PERM_BASE, SCALE_PERM_STEP, SCALE_MUL,
 // SCALE_ADD, FP8_BF16_RESCALE, UNIT), which kernels/cuda/weight_mma_defines.py works out from packing/layout.py and
 // the formats. The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
@@ -95,9 +93,6 @@ static_assert(TILE_ROWS == 16 && TILE_WORDS == 16 && TILE_BLOCKS == 8, "the lane
 // (tests/support/host_cuda.h, which runs the kernel on a CPU) defines WEIGHT_MMA_HOST and brings its own.
 #ifndef QUAD_PAIRS
 #define QUAD_PAIRS 0
-#endif
-#ifndef PERSIST
-#define PERSIST 0
 #endif
 #if (MMA_K8 || QUAD_PAIRS) && BF16
 #error "sm_70 / sm_75 tensor cores have no bf16 mma: fp16 activations only"
@@ -404,12 +399,18 @@ __device__ __forceinline__ u32 word_of(const uint4& w, int q) {
     return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
+// MIN_BLOCKS (> 0): registers for that many resident blocks a multiprocessor (the compiler schedules within them).
+#if defined(MIN_BLOCKS) && MIN_BLOCKS > 0
+#define LAUNCH_BOUNDS __launch_bounds__(WARPS * 32, MIN_BLOCKS)
+#else
+#define LAUNCH_BOUNDS __launch_bounds__(WARPS * 32)
+#endif
+extern "C" __global__ void LAUNCH_BOUNDS anyfp4_weight_mma(
     const u16* __restrict__ x, const uint4* __restrict__ codes, const u16* __restrict__ scales,
     const float* __restrict__ gscale, const u16* __restrict__ bias, void* __restrict__ out,
     float* __restrict__ partial, int* __restrict__ counters,
     int M, int K, int N_OUT, int up_offset, int rows_total, int stride_c4, int stride_s2, int stride_xm,
-    int stride_om, int nsteps, int kc, int row_tiles) {
+    int stride_om, int nsteps, int kc) {
     const int xs_stride = kc / 2 + XS_PAD;  // u32 per staged row
     const int round_steps = kc / STEP;
 
@@ -421,15 +422,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const int fl = fragment_lane(lane), fg = fl >> 2, ft = fl & 3;  // the lane whose fragments this lane loads
     const int kw = warp % KW;  // this warp's K slice of the block's; warps warp - kw .. warp - kw + KW - 1 share rows
     const int split = gridDim.y, kz = blockIdx.y;
+    const int row0 = blockIdx.x * ROWS_PER_BLOCK + warp / KW * ROWS_PER_WARP;
     const long long slices = (long long)split * KW, z = (long long)kz * KW + kw;  // KW > 1: slices divide nsteps
     const int s_beg = (int)(z * nsteps / slices);
     const int s_end = (int)((z + 1) * nsteps / slices);
-    int round_beg = s_beg, round_end = s_beg;  // the staged round of activations (stage, below)
-
-    // Row tiles: block x takes tiles x, x + gridDim.x, ... (one each unless PERSIST launched fewer blocks than
-    // tiles); a later tile keeps the staged activations when one round holds the whole slice.
-    for (int tile = blockIdx.x; tile < row_tiles; tile += gridDim.x) {
-    const int row0 = tile * ROWS_PER_BLOCK + warp / KW * ROWS_PER_WARP;
 
     float acc[TILES][NT][4];  // the m16n8k16 C elements (sm_70: written by quad_pairs_to_c after the main loop)
 #if QUAD_PAIRS
@@ -494,12 +490,12 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     }
 
 #if EARLY
-    if (tile == (int)blockIdx.x) asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     // Staging rounds start at s_beg and are a multiple of DEPTH steps long (the launcher's kc), so a round only
     // ever starts at the first step of a pass over the ring. The K warps of a block have slices of one length and
     // stage together: a round holds, for each K warp j, the same offset into its slice (rows j * M .. j * M + M - 1).
-    if (round_beg != s_beg || round_end != s_end) round_end = s_beg;  // stage from the slice's start
+    int round_beg = s_beg, round_end = s_beg;
     // The activations of the kc-wide round from step s, as 8-groups permuted (permute_group) and placed
     // (staged_word). Rows 16-byte aligned with K % 8 == 0 (VEC_X; a group then lies wholly below K or wholly
     // past it): every group copied by cp.async at once (16 bytes, FP8 two 8-byte halves; no registers held; a
@@ -643,10 +639,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #endif
 #if KW > 1
     // The K warps' sums meet in shared memory, in the staged activations' place (the launcher gives a block enough
-    // for both; with PERSIST past them): K warps 1..KW-1 of each row tile store theirs, K warp 0 adds them.
+    // for both): K warps 1..KW-1 of each row tile store theirs, K warp 0 adds them (sum_warps).
     __syncthreads();
-    float* red = reinterpret_cast<float*>(xs) + (PERSIST ? KW * M * xs_stride : 0)  // PERSIST: past the staged rows
-                 + (warp / KW) * ((KW - 1) * TILES * NT * 4 * 32);
+    float* red = reinterpret_cast<float*>(xs) + (warp / KW) * ((KW - 1) * TILES * NT * 4 * 32);
     if (kw > 0) {
 #pragma unroll
         for (int a = 0; a < TILES; ++a)
@@ -682,9 +677,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 }
         __threadfence();
         __syncthreads();
-        if (threadIdx.x == 0) is_last = atomicAdd(&counters[tile], 1) == split - 1;
+        if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1) == split - 1;
         __syncthreads();
-        if (!is_last || !owner) continue;
+        if (!is_last || !owner) return;
         __threadfence();
 #pragma unroll
         for (int a = 0; a < TILES; ++a)
@@ -696,10 +691,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                     acc[a][b][i] = m < M ? sum_slices(partial + (long long)m * rows_total + n,
                                                       (long long)M * rows_total) : 0.0f;
                 }
-        if (threadIdx.x == 0) counters[tile] = 0;
+        if (threadIdx.x == 0) counters[blockIdx.x] = 0;
     }
 
-    if (!owner) continue;
+    if (!owner) return;
     // The weight value in the mma is w * 2^-e (see above); the epilogue restores 2^e (UNIT: NVFP4 fp16 2^14, bf16
     // 2^8; FP8 fp16 2^8, bf16 1) and the scale.
     const float unit = (float)UNIT;
@@ -730,5 +725,4 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 reinterpret_cast<u16*>(out)[(long long)m * stride_om + n] = float_to_out(y);
 #endif
             }
-    }  // row tiles
 }

@@ -93,9 +93,8 @@ def reduction_bytes(c: MMAConfig, m: int, gated: bool) -> int:
 
 def shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str, kc: int) -> int:
     """Dynamic shared memory of a block of config ``c`` staging ``kc`` k per round: each K warp's rows, or what
-    its K warps meet in, where more (``persist``: both, the sums past the rows, which later row tiles reuse)."""
-    staged, sums = c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated)
-    return staged + sums if c.persist else max(staged, sums)
+    its K warps meet in, where more."""
+    return max(c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated))
 
 
 def least_shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str) -> int:
@@ -165,10 +164,10 @@ class Launch:
 def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
                 gscale: torch.Tensor, bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
                 out: torch.Tensor | None, out_dtype: torch.dtype | None, *, stage_bytes: int, early: bool,
-                counters: torch.Tensor | None, sm: int = ASYNC_SM, sms: int = 132) -> Launch:
+                counters: torch.Tensor | None, sm: int = ASYNC_SM) -> Launch:
     """Check the inputs and work out a launch; no GPU needed (``stage_bytes``: the shared memory a block may
     stage activations in; ``counters``: the split-K arrival counters, all zero; ``sm``: the GPU's architecture,
-    which picks the mma shape and the staging copies; ``sms``: its multiprocessors, for ``persist`` launches)."""
+    which picks the mma shape and the staging copies)."""
     m, k = x.shape
     if not 1 <= m <= DECODE_ROWS:
         raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {DECODE_ROWS}, got {m}")
@@ -178,8 +177,8 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     rows_total = codes.shape[0]
     k_pad = codes.shape[1] * K_PER_WORD[fmt]
     block_rows = rows_per_block(c)
-    row_tiles = -(-n_rows // block_rows)
-    if row_tiles * block_rows > (up_offset or rows_total):
+    grid_x = -(-n_rows // block_rows)
+    if grid_x * block_rows > (up_offset or rows_total):
         raise ValueError(f"row tile {block_rows} overruns the prepack's {up_offset or rows_total} rows")
     if bias is not None and (bias.dtype != x.dtype or bias.stride(0) != 1):
         raise ValueError("bias must be contiguous with x's dtype")
@@ -191,12 +190,13 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     steps = k_pad // STEP_K[fmt]
     if not 1 <= config.split_k <= steps:
         raise ValueError(f"split-K {config.split_k} must be 1..{steps} for K = {k_pad}")
+    if not 0 <= c.min_blocks <= 32:
+        raise ValueError(f"min_blocks {c.min_blocks} must be 0 (the compiler's registers) or 1..32 blocks")
     refusal = k_warps_refusal(c, steps)
     if refusal:
         raise ValueError(f"{refusal} of K = {k_pad}")
     least = c.depth * STEP_K[fmt]  # the kernel stages at the start of a pass only
-    beside = reduction_bytes(c, m, up_offset > 0) if c.persist else 0  # the K warps' sums past the staged rows
-    kc = stage_k(m, max(stage_bytes - beside, 0) // c.kw, least, fmt)
+    kc = stage_k(m, stage_bytes // c.kw, least, fmt)
     slice_k = -(-steps // k_slices(c)) * STEP_K[fmt]  # the longest slice: one round covers it
     while kc // 2 >= max(least, slice_k):
         kc //= 2
@@ -217,7 +217,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), **arch_defines(sm),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
-                   GATED=int(gated), HAS_BIAS=int(bias is not None), PERSIST=int(c.persist > 0),
+                   GATED=int(gated), HAS_BIAS=int(bias is not None), MIN_BLOCKS=c.min_blocks,
                    VEC_X=int(x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0))  # cp.async staging
     if out is None:
         out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
@@ -225,16 +225,15 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
         raise ValueError(f"out must be ({m}, {n_rows}) {out_dtype} with a contiguous last dimension, "
                          f"got {tuple(out.shape)} {out.dtype}")
     if c.split_k > 1:
-        if row_tiles > COUNTER_SLOTS:
-            raise ValueError(f"{row_tiles} row tiles exceed the {COUNTER_SLOTS} split-K counters")
+        if grid_x > COUNTER_SLOTS:
+            raise ValueError(f"{grid_x} row tiles exceed the {COUNTER_SLOTS} split-K counters")
         partial = torch.empty(c.split_k, m, rows_total, dtype=torch.float32, device=x.device)
     else:
         partial, counters = out, out
     args = [x, codes, block_scales if block_scales is not None else codes, gscale, bias if bias is not None else out,
             out, partial, counters, m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4,
             block_scales.stride(0) // 2 if block_scales is not None else 0,
-            x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc, row_tiles]
-    grid_x = min(row_tiles, c.persist * sms) if c.persist else row_tiles
+            x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc]
     return Launch(defines, (grid_x, c.split_k, 1), c.warps * 32, shared, args, out)
 
 
@@ -248,8 +247,7 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
     early = early_launch(device)
     counters = reserve_counters(x.device) if config.split_k > 1 else None
     plan = plan_launch(fmt, x, codes, block_scales, gscale, bias, n_rows, up_offset, config, out, out_dtype,
-                       stage_bytes=stage_bytes, early=early, counters=counters, sm=device_arch(device)[0],
-                       sms=torch.cuda.get_device_properties(device).multi_processor_count)
+                       stage_bytes=stage_bytes, early=early, counters=counters, sm=device_arch(device)[0])
     kernel = nvrtc.load(_source(), KERNEL, plan.defines, device, shared_memory=stage_bytes)
     kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
     return plan.out
