@@ -114,9 +114,9 @@ def test_rows_keep_their_bits_only_on_the_cpu_and_the_cuda_kernel():
 
 
 def test_speculation_refuses_a_path_whose_verify_rows_change_bits(monkeypatch):
-    """On a GPU without the CUDA decode kernel for the model's dtype (sm_70; bf16 on sm_75) quantized layers run
-    the Triton kernels, whose rows depend on M: speculation refuses, naming what it needs; sm_75 with fp16 and
-    sm_80 with bf16 go ahead."""
+    """On a GPU without the CUDA decode kernel for the model's dtype (sm_70 with CUDA 13's NVRTC; bf16 on sm_75)
+    quantized layers run the Triton kernels, whose rows depend on M: speculation refuses, naming what it needs;
+    sm_70 with CUDA 12's NVRTC, sm_75 with fp16 and sm_80 with bf16 go ahead."""
     import torch
 
     from anyfp4.formats.nvfp4 import quantize_nvfp4
@@ -133,8 +133,10 @@ def test_speculation_refuses_a_path_whose_verify_rows_change_bits(monkeypatch):
             self.layer, self.device, self.dtype = layer, torch.device("cuda", 0), dtype
 
     monkeypatch.setattr(nvrtc, "available", lambda: True)
-    for sm, dtype, refused in ((70, torch.float16, True), (75, torch.bfloat16, True), (75, torch.float16, False),
-                               (80, torch.bfloat16, False)):
+    for sm, dtype, refused, release in ((70, torch.float16, True, 13), (70, torch.float16, False, 12),
+                                        (75, torch.bfloat16, True, 13), (75, torch.float16, False, 13),
+                                        (80, torch.bfloat16, False, 13)):
+        monkeypatch.setattr(nvrtc, "version", lambda release=release: (release, 0))
         monkeypatch.setattr(device, "device_arch", lambda index=None, sm=sm: (sm, 40))
         if refused:
             with pytest.raises(NotImplementedError, match=f"sm_{sm} .* needs the CUDA decode kernels"):

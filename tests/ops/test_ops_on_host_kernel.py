@@ -3,6 +3,7 @@ place of the GPU launch (an sm_90 with 132 multiprocessors as far as the launch 
 gated, float32 partials and chunked prefill against the ops' CPU reference, and rows whose bits do not depend on
 the other rows of the call."""
 
+import functools
 import pytest
 import torch
 
@@ -75,27 +76,29 @@ def test_rows_keep_their_bits_whatever_the_call(emulated_gpu, monkeypatch, fmt):
     assert rel_err(gpu(x, p, None), ref(x, p, None).double()) < 4e-3
 
 
+@pytest.mark.parametrize("sm, sms", [(75, 40), (70, 80)], ids=["turing", "volta"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-def test_an_emulated_turing_runs_its_own_variant(monkeypatch, fmt):
-    """sm_75 (40 multiprocessors): fp16 decode calls take the CUDA kernel's sm_75 variant (two m16n8k8 mmas per
-    product, staging through registers; the host build with the defines its launch plans) and match the CPU
-    reference, each row with the bits of a one-row call; bf16 activations and sm_70 are left to the Triton
-    kernels."""
+def test_an_emulated_turing_or_volta_runs_its_own_variant(monkeypatch, fmt, sm, sms):
+    """sm_75 (40 multiprocessors) and sm_70 (80, with CUDA 12's NVRTC): fp16 decode calls take the CUDA kernel's
+    variant for that architecture (sm_75: two m16n8k8 mmas per product; sm_70: each quad pair's m8n8k4 products;
+    both staging through registers; the host build with the defines its launch plans) and match the CPU reference,
+    each row with the bits of a one-row call; bf16 activations are left to the Triton kernels."""
     from anyfp4.kernels.cuda import nvrtc
 
     monkeypatch.setattr(nvrtc, "available", lambda: True)
-    assert weight_mma.enabled(75, torch.float16) and not weight_mma.enabled(75, torch.bfloat16)
-    assert not weight_mma.enabled(70, torch.float16) and weight_mma.enabled(80, torch.bfloat16)
+    monkeypatch.setattr(nvrtc, "version", lambda: (12, 9))
+    assert weight_mma.enabled(sm, torch.float16) and not weight_mma.enabled(sm, torch.bfloat16)
+    assert not weight_mma.enabled(61, torch.float16) and weight_mma.enabled(80, torch.bfloat16)
     calls = []
 
-    def turing(kind):
-        run = host_cuda.gemm(kind, sm=75)
+    def emulated(kind):
+        run = host_cuda.gemm(kind, sm=sm)
         return lambda *a, **kw: calls.append(kind) or run(*a, **kw)
 
-    monkeypatch.setattr(device, "device_arch", lambda index=None: (75, 40))
-    monkeypatch.setattr(weight_mma, "device_arch", lambda index=None: (75, 40))
-    monkeypatch.setattr(weight_mma, "nvfp4_mma_gemm", turing("nvfp4"))
-    monkeypatch.setattr(weight_mma, "fp8_mma_gemm", turing("fp8"))
+    monkeypatch.setattr(device, "device_arch", lambda index=None: (sm, sms))
+    monkeypatch.setattr(weight_mma, "device_arch", lambda index=None: (sm, sms))
+    monkeypatch.setattr(weight_mma, "nvfp4_mma_gemm", emulated("nvfp4"))
+    monkeypatch.setattr(weight_mma, "fp8_mma_gemm", emulated("fp8"))
     gen = torch.Generator().manual_seed(33)
     p, pg, gpu, ref = layers(fmt, gen)
     bias = torch.randn(N, generator=gen).to(torch.float16)
@@ -108,4 +111,20 @@ def test_an_emulated_turing_runs_its_own_variant(monkeypatch, fmt):
         assert all(torch.equal(y[i:i + 1], s) for i, s in zip((0, 8), singles) if i < m), m
     assert calls and set(calls) == {fmt}
     with pytest.raises(ValueError, match="bf16 activations on sm_80"):
-        host_cuda.gemm(fmt, sm=75)(x[:1].bfloat16(), p, None, MMAConfig())
+        host_cuda.gemm(fmt, sm=sm)(x[:1].bfloat16(), p, None, MMAConfig())
+
+
+def test_volta_with_cuda_13s_nvrtc_keeps_the_triton_kernels(monkeypatch):
+    """CUDA 13's NVRTC no longer compiles for sm_70: auto falls back to the Triton kernels with a warning that names
+    the fix (ANYFP4_NVRTC), ANYFP4_KERNELS=cuda refuses with it; Turing is not affected."""
+    from anyfp4.kernels.cuda import nvrtc
+
+    monkeypatch.setattr(nvrtc, "available", lambda: True)
+    monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
+    monkeypatch.setattr(weight_mma, "_warn_once", functools.cache(weight_mma._warn_once.__wrapped__))
+    with pytest.warns(RuntimeWarning, match="ANYFP4_NVRTC"):
+        assert not weight_mma.enabled(70, torch.float16)
+    assert weight_mma.enabled(75, torch.float16)
+    monkeypatch.setenv("ANYFP4_KERNELS", "cuda")
+    with pytest.raises(RuntimeError, match="NVRTC 13.0 no longer compiles for sm_70: point ANYFP4_NVRTC"):
+        weight_mma.enabled(70, torch.float16)

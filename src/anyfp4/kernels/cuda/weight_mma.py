@@ -29,9 +29,10 @@ from .weight_mma_defines import K_PER_WORD, STEP_K, XS_PAD, source_defines
 
 MIN_SM = 75  # sm_75: fp16 activations, two m16n8k8 mmas per m16n8k16 product, staging copies through registers
 ASYNC_SM = 80  # sm_80+: the m16n8k16 mma (fp16 and bf16) and cp.async staging
-# sm_70: fp16 activations, each quad pair's m8n8k4 products over its k slots (QUAD_PAIRS in the source). The
-# variant is built, tested on the host build and compiled, but not served (``enabled``) until a GPU has run it.
+# sm_70: fp16 activations, each quad pair's m8n8k4 products over its k slots (QUAD_PAIRS in the source); compiled
+# by CUDA 12's NVRTC (CUDA 13's no longer targets sm_70: ANYFP4_NVRTC names another libnvrtc).
 SOURCE_MIN_SM = 70
+LAST_NVRTC_FOR_SM70 = 12
 QUAD_PAIR_SUMS = 128  # sm_70: the most float32 sums a thread keeps (16 per m16 x n8 tile; 128 fit without spills)
 
 
@@ -133,19 +134,35 @@ def early_launch(device: int) -> bool:
 
 
 def enabled(sm: int, dtype: torch.dtype = torch.float16) -> bool:
-    """The CUDA kernel serves this GPU and activation dtype: sm_80+ (sm_75 for fp16), NVRTC found, and
-    ``ANYFP4_KERNELS`` allows it."""
+    """The CUDA kernel serves this GPU and activation dtype: sm_80+ (sm_70 / sm_75 for fp16), NVRTC found (for
+    sm_70 one of CUDA 12 or older), and ``ANYFP4_KERNELS`` allows it."""
     from ...env import kernel_choice
 
     choice = kernel_choice()
     if choice == "triton":
         return False
-    ok = sm >= (ASYNC_SM if dtype == torch.bfloat16 else MIN_SM) and nvrtc.available()
-    if choice == "cuda" and not ok:
-        raise RuntimeError(f"ANYFP4_KERNELS=cuda: the CUDA kernels need sm_{MIN_SM}+ (sm_{ASYNC_SM}+ for bf16) and "
-                           f"NVRTC (this GPU is sm_{sm}, NVRTC {'found' if nvrtc.available() else 'not found'}, "
-                           f"activations {str(dtype).replace('torch.', '')})")
-    return ok
+    found = nvrtc.available()
+    refusal = None
+    if sm < (ASYNC_SM if dtype == torch.bfloat16 else SOURCE_MIN_SM) or not found:
+        refusal = (f"the CUDA kernels need sm_{SOURCE_MIN_SM}+ (sm_{ASYNC_SM}+ for bf16) and NVRTC (this GPU is "
+                   f"sm_{sm}, NVRTC {'found' if found else 'not found'}, activations "
+                   f"{str(dtype).replace('torch.', '')})")
+    elif sm < MIN_SM and nvrtc.version()[0] > LAST_NVRTC_FOR_SM70:
+        refusal = (f"NVRTC {'.'.join(map(str, nvrtc.version()))} no longer compiles for sm_{sm}: point ANYFP4_NVRTC "
+                   f"at CUDA {LAST_NVRTC_FOR_SM70}'s libnvrtc.so.{LAST_NVRTC_FOR_SM70} (pip install "
+                   f"nvidia-cuda-nvrtc-cu12)")
+    if refusal and choice == "cuda":
+        raise RuntimeError(f"ANYFP4_KERNELS=cuda: {refusal}")
+    if refusal and choice == "auto" and sm >= SOURCE_MIN_SM and found and dtype != torch.bfloat16:
+        _warn_once(f"anyfp4: {refusal}; the Triton kernels run instead")  # a Volta user can fix it
+    return refusal is None
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 @dataclass
