@@ -24,10 +24,9 @@ def padded(k: int) -> int:
 
 # (sm, sms, format, gated, K, N, M, split_k argument) -> what mma_config gave with the literal tables (the first
 # five: the K-warp re-sweep of 2026-12-01, results/nvfp4_mma_sweep_kw_h200.json; 4096x4096 and gated 2x14336x4096
-# from the slice re-sweep, results/nvfp4_mma_sweep_slices_h200.json; 4096x4096 M = 1 then given a register budget,
-# results/chain_anatomy_h200.json)
+# from the slice re-sweep, results/nvfp4_mma_sweep_slices_h200.json)
 MMA_CASES = [
-    ((90, 132, "nvfp4", False, 4096, 4096, 1, 0), MMAConfig(mt=1, warps=8, split_k=8, depth=2, min_blocks=3)),
+    ((90, 132, "nvfp4", False, 4096, 4096, 1, 0), MMAConfig(mt=1, warps=8, split_k=4, depth=2, kw=2)),
     ((90, 132, "nvfp4", False, 4096, 4096, 2, 0), MMAConfig(mt=1, warps=4, split_k=8, depth=2)),  # M = 1's slices
     ((90, 132, "nvfp4", False, 4096, 4096, 7, 0), MMAConfig(mt=1, warps=8, split_k=8, depth=2)),  # bucket 8
     ((90, 132, "nvfp4", False, 4096, 14336, 1, 0), MMAConfig(mt=2, warps=8, split_k=2, depth=2, kw=2)),

@@ -14,8 +14,6 @@ class MMAConfig:
     split_k: int = 1
     depth: int = 2  # main-loop steps of code words in flight per thread
     kw: int = 1  # warps along K per row tile (a power of two dividing warps): they add their sums in shared memory
-    min_blocks: int = 0  # > 0: the compiler keeps to the registers of this many resident blocks a multiprocessor
-    # (__launch_bounds__'s second argument), which changes its scheduling, not the bits; 0: its own choice
 
 
 @dataclass(frozen=True)

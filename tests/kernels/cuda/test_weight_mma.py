@@ -587,27 +587,6 @@ def test_k_warps_add_up_as_split_k_does_on_the_gpu(fmt):
         assert sums.abs().max() > 0
 
 
-@gpu
-@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-def test_a_register_budget_changes_no_bits_on_the_gpu(fmt):
-    """``min_blocks`` (registers for that many resident blocks) gives the float32 sums of the compiler's own choice."""
-    from dataclasses import replace
-
-    gen = torch.Generator(device="cuda").manual_seed(28)
-    n, k = 4096, 4096
-    if fmt == "nvfp4":
-        p, run = prepack_nvfp4(nvfp4_weight(n, k, gen, torch.tensor(1e-3, device="cuda"))), weight_mma.nvfp4_mma_gemm
-    else:
-        p = prepack_fp8(quantize_fp8(torch.randn(n, k, device="cuda", generator=gen), per_channel=True))
-        run = weight_mma.fp8_mma_gemm
-    for m, c in [(1, MMAConfig(1, 8, 8, 2)), (1, MMAConfig(1, 8, 16, 2)), (8, MMAConfig(1, 8, 4, 2, 2))]:
-        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-        sums = run(x, p, None, c, out_dtype=torch.float32)
-        assert sums.abs().max() > 0
-        for blocks in (3, 4):
-            assert torch.equal(run(x, p, None, replace(c, min_blocks=blocks), out_dtype=torch.float32), sums), (m, c)
-
-
 def test_a_sweep_file_overrides_the_launch_table(tmp_path, monkeypatch):
     """ANYFP4_MMA_TABLE: the best configs of an mma_sweep.py file win over the built-in table and the heuristic;
     the split still comes from the M = 1 entry; a file that is not a sweep is a clear error."""
@@ -695,21 +674,3 @@ def test_turings_variant_keeps_its_registers():
     log = nvrtc.ptxas_report(weight_mma._source(), weight_mma.KERNEL, 75, defines)
     assert "for 'sm_75'" in log and re.search(r"Used \d+ registers", log)
     assert "0 bytes spill stores, 0 bytes spill loads" in log
-
-
-@needs_nvrtc
-def test_the_launch_tables_register_budgets_spill_nothing():
-    """Every launch-table entry with a register budget (``min_blocks``) compiles for its GPU without spills, for
-    the M it is chosen for, in both activation dtypes (ptxas through NVRTC)."""
-    from anyfp4.dispatch.launch_tables import builtin_mma_table
-
-    budgeted = {key: c for key, c in builtin_mma_table().items() if c.min_blocks}
-    assert budgeted
-    for (sm, fmt, gated, k, n, m), c in budgeted.items():
-        for act in ("bf16", "fp16"):
-            defines = dict(source_defines(fmt, act), **weight_mma.arch_defines(sm), FP8=int(fmt == "fp8"),
-                           NT=weight_mma.n_tiles_for(m), MT=c.mt, WARPS=c.warps, DEPTH=c.depth, BF16=int(act == "bf16"),
-                           GATED=int(gated), HAS_BIAS=0, OUT_F32=0, EARLY=int(sm >= 90), VEC_X=1, SPLIT=c.split_k,
-                           KW=c.kw, MIN_BLOCKS=c.min_blocks)
-            log = nvrtc.ptxas_report(weight_mma._source(), weight_mma.KERNEL, sm, defines)
-            assert "0 bytes spill stores, 0 bytes spill loads" in log, ((sm, fmt, gated, k, n, m), c, act)

@@ -126,19 +126,3 @@ def test_k_warps_add_up_as_split_k_does(fmt):
         assert torch.equal(sums, run(x, p, None, alone, out_dtype=torch.float32)), (m, spread)
         assert torch.equal(tight(x, p, None, spread, out_dtype=torch.float32), sums), (m, spread)
         assert torch.equal(run(x, pg, None, spread), run(x, pg, None, alone)), (m, spread)
-
-
-def test_a_register_budget_changes_no_bits():
-    """``min_blocks`` only bounds the compiler's registers (``__launch_bounds__``): the host build of the source
-    with it gives the bits of the source without; an out-of-range value is refused."""
-    from dataclasses import replace
-
-    gen = torch.Generator().manual_seed(28)
-    p, pg, _ = weights("nvfp4", gen)
-    run = host_cuda.gemm("nvfp4")
-    for m, c in CASES[:3]:
-        x = torch.randn(m, K, generator=gen).to(torch.bfloat16)
-        assert torch.equal(run(x, p, None, replace(c, min_blocks=3), out_dtype=torch.float32),
-                           run(x, p, None, c, out_dtype=torch.float32)), (m, c)
-    with pytest.raises(ValueError, match="min_blocks 33 must be 0"):
-        run(x, p, None, replace(c, min_blocks=33))

@@ -399,13 +399,7 @@ __device__ __forceinline__ u32 word_of(const uint4& w, int q) {
     return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
 }
 
-// MIN_BLOCKS (> 0): registers for that many resident blocks a multiprocessor (the compiler schedules within them).
-#if defined(MIN_BLOCKS) && MIN_BLOCKS > 0
-#define LAUNCH_BOUNDS __launch_bounds__(WARPS * 32, MIN_BLOCKS)
-#else
-#define LAUNCH_BOUNDS __launch_bounds__(WARPS * 32)
-#endif
-extern "C" __global__ void LAUNCH_BOUNDS anyfp4_weight_mma(
+extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const u16* __restrict__ x, const uint4* __restrict__ codes, const u16* __restrict__ scales,
     const float* __restrict__ gscale, const u16* __restrict__ bias, void* __restrict__ out,
     float* __restrict__ partial, int* __restrict__ counters,

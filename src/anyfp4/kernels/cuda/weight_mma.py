@@ -207,8 +207,6 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     steps = k_pad // STEP_K[fmt]
     if not 1 <= config.split_k <= steps:
         raise ValueError(f"split-K {config.split_k} must be 1..{steps} for K = {k_pad}")
-    if not 0 <= c.min_blocks <= 32:
-        raise ValueError(f"min_blocks {c.min_blocks} must be 0 (the compiler's registers) or 1..32 blocks")
     refusal = k_warps_refusal(c, steps)
     if refusal:
         raise ValueError(f"{refusal} of K = {k_pad}")
@@ -234,7 +232,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), **arch_defines(sm),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
-                   GATED=int(gated), HAS_BIAS=int(bias is not None), MIN_BLOCKS=c.min_blocks,
+                   GATED=int(gated), HAS_BIAS=int(bias is not None),
                    VEC_X=int(x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0))  # cp.async staging
     if out is None:
         out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
