@@ -13,6 +13,8 @@
 #                                            # step profile, Gated DeltaNet prefill chunked vs recurrent
 #   TOKENIZER=DIR bash benchmarks/gpu_session.sh serve  # anyfp4 serve --max-batch 16: 16 clients vs the runner's
 #                                            # batch and `bench --batch 16` (needs the serve extra's wheels)
+#   bash benchmarks/gpu_session.sh chain     # a dependent kernel chain's floor, and the decode kernel's chain with
+#                                            # parts of its source cut out (probes/chain_floor.py, chain_anatomy.py)
 # Each step has its own time limit so one slow step cannot eat the whole lease.
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
@@ -109,7 +111,12 @@ serve)
     (cd benchmarks/runners && timeout 300 python3 serve_gpu.py --tokenizer "${TOKENIZER:?a tokenizer directory}" \
         --bench ${COMMIT:+--commit $COMMIT} --out "$OUT/serve_gpu.json" 2>&1 | tail -16)
     ;;
+chain)
+    timeout 120 python3 benchmarks/probes/chain_floor.py --out "$OUT/chain_floor.json" 2>&1 | tail -20
+    timeout 420 python3 benchmarks/probes/chain_anatomy.py --out "$OUT/chain_anatomy.json" 2>&1 | grep -v Warn \
+        | cut -c1-160 | tail -60
+    ;;
 *)
-    echo "unknown stage $stage (check, older, check2, kernels, bench, sweep, runner, tp, hybrid, serve)"; exit 2
+    echo "unknown stage $stage (check, older, check2, kernels, bench, sweep, runner, tp, hybrid, serve, chain)"; exit 2
     ;;
 esac
