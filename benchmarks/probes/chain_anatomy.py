@@ -23,9 +23,10 @@ import json
 import torch
 
 from anyfp4.bench.random_weights import random_nvfp4
-from anyfp4.bench.timing import ROTATE_BYTES, graph_seconds
+from anyfp4.bench.timing import ROTATE_BYTES, copy_bandwidth, graph_seconds
 from anyfp4.dispatch.configs import MMAConfig
 from anyfp4.kernels.cuda import nvrtc, weight_mma
+from anyfp4.kernels.device import device_arch
 from anyfp4.kernels.cuda.counters import reserve_counters
 from anyfp4.packing.nvfp4 import prepack_nvfp4
 
@@ -59,9 +60,10 @@ def variant_source(name: str) -> str:
 
 def chain_us(source: str, early: bool, cfg: MMAConfig, ps: list, x: torch.Tensor, device: int) -> float:
     counters = reserve_counters(x.device)
+    sm = device_arch(device)[0]
     stage_bytes = min(weight_mma.STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
     plans = [weight_mma.plan_launch("nvfp4", x, p.codes, p.scales, p.global_scale, None, p.out_features, 0, cfg,
-                                    None, None, stage_bytes=stage_bytes, early=early, counters=counters, sm=90)
+                                    None, None, stage_bytes=stage_bytes, early=early, counters=counters, sm=sm)
              for p in ps]
     kernel = nvrtc.load(source, weight_mma.KERNEL, plans[0].defines, device, shared_memory=stage_bytes)
 
@@ -79,6 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device("cuda")
     device = torch.cuda.current_device()
+    copy_Bps = copy_bandwidth(dev)
     rows = []
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split("x"))
@@ -87,7 +90,7 @@ def main() -> None:
         ps = [prepack_nvfp4(random_nvfp4(n, k, dev)) for _ in range(copies)]
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         steps = k // 128
-        table = weight_mma_table_config(n, k)
+        table = weight_mma_table_config(device, n, k)
         configs = {"table": table, "split1_kw8": MMAConfig(mt=1, warps=8, split_k=1, depth=2, kw=8),
                    "mt1_split4_kw2": MMAConfig(mt=1, warps=8, split_k=4, depth=2, kw=2),
                    "mt1_split2_kw4": MMAConfig(mt=1, warps=8, split_k=2, depth=2, kw=4),
@@ -101,7 +104,7 @@ def main() -> None:
                     continue
                 us = chain_us(variant_source(vname), early, cfg, ps, x, device)
                 row = {"n": n, "k": k, "config": cname, "cfg": cfg.__dict__, "variant": vname, "us": us,
-                       "pct_copy_at_4_8TBps": nbytes / (us * 1e-6) / 4.8e12 * 100}
+                       "pct_copy": nbytes / (us * 1e-6) / copy_Bps * 100}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         kb = nbytes // 2 // k  # bf16 rows of the same bytes
@@ -116,14 +119,14 @@ def main() -> None:
         del ps, wb, src, dst
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+        json.dump({"device": torch.cuda.get_device_name(), "copy_bandwidth_Bps": copy_Bps, "rows": rows}, f, indent=1)
 
 
-def weight_mma_table_config(n: int, k: int) -> MMAConfig:
+def weight_mma_table_config(device: int, n: int, k: int) -> MMAConfig:
     from anyfp4.dispatch.tuning import mma_config
 
-    props = torch.cuda.get_device_properties(0)
-    return mma_config(90, props.multi_processor_count, "nvfp4", False, n, k, k, 1)
+    sm, sms = device_arch(device)
+    return mma_config(sm, sms, "nvfp4", False, n, k, k, 1)
 
 
 if __name__ == "__main__":

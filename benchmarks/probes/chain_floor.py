@@ -18,7 +18,7 @@ import json
 
 import torch
 
-from anyfp4.bench.timing import graph_seconds
+from anyfp4.bench.timing import ROTATE_BYTES, graph_seconds
 from anyfp4.kernels.cuda import nvrtc
 
 SOURCE = r"""
@@ -54,7 +54,7 @@ def chain_us(nbytes: int, per: int, early: bool, device: int) -> tuple[float, in
     threads = 256
     n16 = nbytes // 16
     blocks = max(1, -(-n16 // (threads * per))) if per else 132
-    copies = max(2, min(20, (512 << 20) // max(nbytes, 1)))
+    copies = max(2, min(20, ROTATE_BYTES // max(nbytes, 1)))
     ws = [torch.empty(max(n16, 1) * 16, dtype=torch.uint8, device="cuda").random_() for _ in range(copies)]
     bufs = [torch.zeros(64, device="cuda") for _ in range(2)]
     kernel = nvrtc.load(SOURCE, "stream_chain", {"EARLY": int(early), "PER": per}, device)
