@@ -13,6 +13,8 @@
 #                                            # step profile, Gated DeltaNet prefill chunked vs recurrent
 #   TOKENIZER=DIR bash benchmarks/gpu_session.sh serve  # anyfp4 serve --max-batch 16: 16 clients vs the runner's
 #                                            # batch and `bench --batch 16` (needs the serve extra's wheels)
+#   bash benchmarks/gpu_session.sh early     # every kernel of a step launched early: its GPU tests, then bench with
+#                                            # ANYFP4_EARLY_LAUNCH=1 / 0 (and BEFORE=DIR: a src/ tree to compare)
 #   bash benchmarks/gpu_session.sh chain     # a dependent kernel chain's floor, and the decode kernel's chain with
 #                                            # parts of its source cut out (probes/chain_floor.py, chain_anatomy.py)
 # Each step has its own time limit so one slow step cannot eat the whole lease.
@@ -110,6 +112,15 @@ hybrid)
 serve)
     (cd benchmarks/runners && timeout 300 python3 serve_gpu.py --tokenizer "${TOKENIZER:?a tokenizer directory}" \
         --bench ${COMMIT:+--commit $COMMIT} --out "$OUT/serve_gpu.json" 2>&1 | tail -16)
+    ;;
+early)
+    timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider tests/runtime/test_cuda_graph.py \
+        tests/runtime/test_hybrid_on_the_gpu.py tests/kernels/glue tests/kernels/gdn -k "not aot" 2>&1 | tail -12 \
+        | tee "$OUT/pytest_early.txt"
+    bench bench_llama8b_nvfp4_early --format nvfp4 --compare bf16
+    ANYFP4_EARLY_LAUNCH=0 bench bench_llama8b_nvfp4_early_off --format nvfp4
+    if [ -n "${BEFORE:-}" ]; then PYTHONPATH="$BEFORE" bench bench_llama8b_nvfp4_before --format nvfp4; fi
+    bench bench_llama8b_nvfp4_early_again --format nvfp4
     ;;
 chain)
     timeout 120 python3 benchmarks/probes/chain_floor.py --out "$OUT/chain_floor.json" 2>&1 | tail -20

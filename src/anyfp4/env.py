@@ -119,8 +119,9 @@ def nvrtc_library() -> str | None:
 
 
 def early_launch_allowed() -> bool:
-    """``ANYFP4_EARLY_LAUNCH``: ``1`` (default) launches the CUDA decode kernels on sm_90+ as programmatic
-    dependent launches (each starts loading weights while the previous kernel finishes); ``0`` turns it off."""
+    """``ANYFP4_EARLY_LAUNCH``: ``1`` (default) launches the CUDA decode kernels and the Triton glue kernels of a
+    decode step on sm_90+ as programmatic dependent launches (each is resident, and a decode kernel loads its first
+    weights, while the previous kernel finishes); ``0`` turns it off."""
     return _choice("ANYFP4_EARLY_LAUNCH", ("0", "1"), "1") == "1"
 
 

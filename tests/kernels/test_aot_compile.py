@@ -90,7 +90,13 @@ def decode_kernels_compile(cc):
             assert f".target sm_{cc}" in k.asm["ptx"]
 
 
+def early_for(cc):
+    """The glue kernels start early (programmatic dependent launch) on sm_90 only."""
+    return cc >= 90
+
+
 def support_kernels_compile(cc):
+    early = early_for(cc)
     for act in acts(cc):
         reduce_sig = {"partial_ptr": "*fp32", "gscale_ptr": "*fp32", "bias_ptr": f"*{act}", "out_ptr": f"*{act}",
                       "M": "i32", "N_OUT": "i32", "stride_om": "i32", "SPLIT_K": "i32"}
@@ -122,13 +128,16 @@ def support_kernels_compile(cc):
                                            "out_ptr": f"*{act}", "N": "i32", "K": "i32", "ROW0": "i32",
                                            "stride_c": "i32", "stride_s": "i32", "stride_on": "i32"},
                     {"BLOCK_N": 32, "BLOCK_K": 128, "INTERPRET": False}, cc)
-        compile_for(rms_norm_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "y_ptr": f"*{act}", "n_cols": "i32",
-                                      "stride_x": "i32", "stride_y": "i32", "eps": "fp32"},
-                    {"BLOCK": 4096, "INTERPRET": False}, cc, num_warps=16)
+        k = compile_for(rms_norm_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "y_ptr": f"*{act}", "n_cols": "i32",
+                                          "stride_x": "i32", "stride_y": "i32", "eps": "fp32"},
+                        {"BLOCK": 4096, "INTERPRET": False, "EARLY": early}, cc, num_warps=16)
+        ptx = k.asm["ptx"]
+        assert (ptx.count("griddepcontrol.launch_dependents") == 1 and ptx.count("griddepcontrol.wait") == 1
+                and ptx.index("griddepcontrol.wait") < ptx.index("ld.global")) == early
         compile_for(add_rms_norm_kernel, {"x_ptr": f"*{act}", "d_ptr": f"*{act}", "w_ptr": f"*{act}", "h_ptr": f"*{act}",
                                           "y_ptr": f"*{act}", "n_cols": "i32", "stride_x": "i32", "stride_d": "i32",
                                           "stride_h": "i32", "stride_y": "i32", "eps": "fp32"},
-                    {"BLOCK": 4096, "INTERPRET": False}, cc, num_warps=16)
+                    {"BLOCK": 4096, "INTERPRET": False, "EARLY": early}, cc, num_warps=16)
         attn_sig = {"q_ptr": f"*{act}", "k_ptr": f"*{act}", "v_ptr": f"*{act}", "mask_ptr": "*i1", "pos_ptr": "*i64",
                     "part_ptr": "*fp32", "stat_ptr": "*fp32", **{n: "i32" for n in ("T", "G", "KVH", "HD", "SEG")},
                     "scale": "fp32", **{n: "i32" for n in ("sq_b", "sq_h", "sq_t", "sk_b", "sk_h", "sk_s", "sv_b",
@@ -136,15 +145,15 @@ def support_kernels_compile(cc):
         merge_sig = {"part_ptr": "*fp32", "stat_ptr": "*fp32", "pos_ptr": "*i64", "out_ptr": f"*{act}",
                      **{n: "i32" for n in ("T", "G", "KVH", "HD", "SEG", "NSEG", "so_b", "so_t", "so_h")}}
         for block_d in (64, 128):
-            compile_for(small_attention_kernel, attn_sig, {"BLOCK_D": block_d, "INTERPRET": False}, cc)
-            compile_for(small_attention_merge_kernel, merge_sig, {"BLOCK_D": block_d, "BLOCK_S": 64}, cc)
+            compile_for(small_attention_kernel, attn_sig, {"BLOCK_D": block_d, "INTERPRET": False, "EARLY": early}, cc)
+            compile_for(small_attention_merge_kernel, merge_sig, {"BLOCK_D": block_d, "BLOCK_S": 64, "EARLY": early}, cc)
         rope_sig = {**{n: f"*{act}" for n in ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "kc_ptr", "vc_ptr")},
                     "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64",
                     **{n: "i32" for n in ("T", "H", "HALF", "HD", "sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b",
                                           "sv_t", "sv_h", "sc_b", "sc_t", "sqo_b", "sqo_t", "sqo_h", "skc_b",
                                           "skc_h", "skc_s", "svc_b", "svc_h", "svc_s")}}
         for block, block_hd in ((64, 128), (32, 256)):  # full rotary, and Qwen3.5's quarter of a 256-wide head
-            compile_for(rope_cache_kernel, rope_sig, {"BLOCK": block, "BLOCK_HD": block_hd, "INTERPRET": False}, cc,
+            compile_for(rope_cache_kernel, rope_sig, {"BLOCK": block, "BLOCK_HD": block_hd, "INTERPRET": False, "EARLY": early}, cc,
                         num_warps=1)
         gdn_kernels_compile(act, cc)
         for bias in (False, True):
@@ -157,24 +166,25 @@ def support_kernels_compile(cc):
 def gdn_kernels_compile(act, cc):
     """The Gated DeltaNet kernels at Qwen3.5-27B's head sizes, with and without snapshots and left padding (and a
     norm weight in float32)."""
+    early = early_for(cc)
     for snap in (False, True):
         compile_for(conv_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "state_ptr": f"*{act}", "y_ptr": f"*{act}",
                                   "snap_ptr": f"*{act}", **{n: "i32" for n in (
                                       "T", "channels", "stride_xb", "stride_xt", "stride_sb", "stride_sc", "stride_yb",
                                       "stride_yt", "stride_pb", "stride_pt", "stride_pc")}},
-                    {"WIDTH": 4, "SNAP": snap, "BLOCK_T": 16, "BLOCK_C": 256, "INTERPRET": False}, cc)
+                    {"WIDTH": 4, "SNAP": snap, "BLOCK_T": 16, "BLOCK_C": 256, "INTERPRET": False, "EARLY": early}, cc)
         sig = {**{n: f"*{act}" for n in ("mixed_ptr", "a_ptr", "b_ptr")}, "neg_a_ptr": "*fp32", "dt_bias_ptr": "*fp32",
                "state_ptr": "*fp32", "out_ptr": f"*{act}", "valid_ptr": "*fp32", "snap_ptr": "*fp32",
                **{n: "i32" for n in ("T", "v_heads", "stride_mb", "stride_mt", "stride_ab", "stride_at", "stride_bb",
                                      "stride_bt", "stride_ob", "stride_ot", "stride_vb", "stride_pb", "stride_pt")},
                "q_scale": "fp32"}
         compile_for(delta_rule_kernel, sig, {"K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BV": 32,
-                                             "HAS_VALID": snap, "SNAP": snap, "INTERPRET": False}, cc)
+                                             "HAS_VALID": snap, "SNAP": snap, "INTERPRET": False, "EARLY": early}, cc)
     for norm_w in (act, "fp32"):
         compile_for(gated_norm_kernel, {"x_ptr": f"*{act}", "z_ptr": f"*{act}", "w_ptr": f"*{norm_w}",
                                         "out_ptr": f"*{act}", **{n: "i32" for n in ("heads", "stride_xr", "stride_zr",
                                                                                    "stride_or")}, "eps": "fp32"},
-                    {"D": 128, "BD": 128, "INTERPRET": False}, cc, num_warps=1)
+                    {"D": 128, "BD": 128, "INTERPRET": False, "EARLY": early}, cc, num_warps=1)
 
 
 @pytest.mark.parametrize("cc", ARCHS)

@@ -5,6 +5,7 @@ import torch
 
 from anyfp4.runtime.generate import SamplingParams, decode_step, generate
 from anyfp4.bench.random_model import random_model
+from helpers import graphed_against_eager
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -27,6 +28,17 @@ def test_graphed_step_matches_eager(fmt):
             outs.append(logits.clone())
         results[name] = torch.stack(outs)
     assert torch.equal(results["eager"], results["graph"])
+
+
+@gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "bf16"])
+def test_early_launches_change_no_bit_of_a_step(fmt, monkeypatch):
+    """Norms, rotary + cache write, attention and decode kernels launched early in one graph give the bits of the
+    plainly launched eager step."""
+    model = random_model("smollm2-135m", fmt, torch.device("cuda"), torch.bfloat16, progress=False)
+    eager, graph = graphed_against_eager(model, monkeypatch)
+    assert torch.isfinite(eager).all() and eager.abs().amax() > 0
+    assert torch.equal(eager, graph)
 
 
 @gpu

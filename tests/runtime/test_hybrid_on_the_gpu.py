@@ -7,7 +7,7 @@ import torch
 
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
 from anyfp4.runtime.generate import SamplingParams, decode_step, generate
-from helpers import save_random_qwen3_5, tiny_qwen3_5_config, with_random_mtp_head
+from helpers import graphed_against_eager, save_random_qwen3_5, tiny_qwen3_5_config, with_random_mtp_head
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda")
@@ -47,6 +47,14 @@ def test_graphed_step_matches_eager(hybrid):
             outs.append(logits.clone())
         results[name] = torch.stack(outs)
     assert torch.equal(results["eager"], results["graph"])
+
+
+def test_early_launches_change_no_bit_of_a_step(hybrid, monkeypatch):
+    """The Gated DeltaNet kernels launched early too: a graph captured with early launches gives the bits of the
+    plainly launched eager step."""
+    eager, graph = graphed_against_eager(hybrid[0], monkeypatch)
+    assert torch.isfinite(eager).all() and eager.abs().amax() > 0
+    assert torch.equal(eager, graph)
 
 
 def test_a_verify_pass_gives_the_bits_of_decode_steps(hybrid):

@@ -347,3 +347,25 @@ def load_script(relative: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def graphed_against_eager(model, monkeypatch, steps=6):
+    """``steps`` decode steps after a 12-token prompt: eagerly with every early launch off, then replayed from a
+    CUDA graph captured with them on (sm_90: each kernel of the step resident while the one before it finishes)."""
+    from anyfp4.runtime.generate import decode_step
+
+    prompt = torch.randint(0, model.args.vocab_size, (2, 12), device="cuda", generator=torch.Generator(
+        device="cuda").manual_seed(1))
+    results = {}
+    for early, name in (("0", "eager"), ("1", "graph")):
+        monkeypatch.setenv("ANYFP4_EARLY_LAUNCH", early)
+        fn = model if name == "eager" else decode_step(model)
+        model.setup_caches(2, 32)
+        logits = model(prompt, torch.arange(12, device="cuda"))
+        outs = []
+        for i in range(steps):
+            nxt = logits[:, -1].argmax(-1)
+            logits = fn(nxt[:, None], torch.tensor([12 + i], device="cuda"))
+            outs.append(logits.clone())
+        results[name] = torch.stack(outs)
+    return results["eager"], results["graph"]

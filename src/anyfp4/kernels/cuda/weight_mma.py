@@ -22,7 +22,7 @@ import torch
 
 from ...dispatch.configs import MMAConfig
 from ...dispatch.limits import DECODE_ROWS
-from ..device import device_arch
+from ..device import device_arch, early_launch
 from . import nvrtc
 from .counters import COUNTER_SLOTS, reserve_counters
 from .weight_mma_defines import K_PER_WORD, STEP_K, XS_PAD, source_defines
@@ -123,14 +123,6 @@ def stage_k(m: int, stage_bytes: int | None = None, least: int = 128, fmt: str =
     while kc > least and stage_bytes_for(m, kc, fmt) > cap:
         kc //= 2
     return kc
-
-
-def early_launch(device: int) -> bool:
-    """Programmatic dependent launch on sm_90+ unless ``ANYFP4_EARLY_LAUNCH=0``: the kernel loads its first
-    weights while the previous kernel finishes."""
-    from ...env import early_launch_allowed
-
-    return device_arch(device)[0] >= 90 and early_launch_allowed()
 
 
 def enabled(sm: int, dtype: torch.dtype = torch.float16) -> bool:

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ...env import triton_interpret
-from ..triton.common import round_to_output
+from ..triton.common import early_launch_args, round_to_output, wait_for_previous_kernel
 from .reference import L2_EPS
 
 _L2_EPS = tl.constexpr(L2_EPS)
@@ -47,7 +47,8 @@ def _conv_input(x_ptr, state_ptr, src, ch, valid, stride_xt, stride_sc, WIDTH: t
 @triton.jit
 def conv_kernel(x_ptr, w_ptr, state_ptr, y_ptr, snap_ptr, T, channels, stride_xb, stride_xt, stride_sb, stride_sc,
                 stride_yb, stride_yt, stride_pb, stride_pt, stride_pc, WIDTH: tl.constexpr, SNAP: tl.constexpr,
-                BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr):
+                BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, EARLY: tl.constexpr):
+    wait_for_previous_kernel(EARLY)
     row, cb, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ch = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     tok = tb * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -81,8 +82,9 @@ def delta_rule_kernel(mixed_ptr, a_ptr, b_ptr, neg_a_ptr, dt_bias_ptr, state_ptr
                       v_heads, stride_mb, stride_mt, stride_ab, stride_at, stride_bb, stride_bt, stride_ob, stride_ot,
                       stride_vb, stride_pb, stride_pt, q_scale, K_HEADS: tl.constexpr, DK: tl.constexpr,
                       DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_VALID: tl.constexpr,
-                      SNAP: tl.constexpr, INTERPRET: tl.constexpr):
+                      SNAP: tl.constexpr, INTERPRET: tl.constexpr, EARLY: tl.constexpr):
     """One program per (row, value head, block of BV value dims): the (DK, BV) state tile through the T tokens."""
+    wait_for_previous_kernel(EARLY)
     pid, blk = tl.program_id(0), tl.program_id(1)
     row, head = pid // v_heads, pid % v_heads
     kh = head // (v_heads // K_HEADS)
@@ -120,9 +122,10 @@ def delta_rule_kernel(mixed_ptr, a_ptr, b_ptr, neg_a_ptr, dt_bias_ptr, state_ptr
 
 @triton.jit
 def gated_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, heads, stride_xr, stride_zr, stride_or, eps,
-                      D: tl.constexpr, BD: tl.constexpr, INTERPRET: tl.constexpr):
+                      D: tl.constexpr, BD: tl.constexpr, INTERPRET: tl.constexpr, EARLY: tl.constexpr):
     """One program per (row, head): RMSNorm of the head's D values times the weight, times silu(z), rounded as
     ``reference.gated_rms_norm`` rounds it (``out`` may be ``x``)."""
+    wait_for_previous_kernel(EARLY)
     pid = tl.program_id(0)
     row, head = pid // heads, pid % heads
     d = tl.arange(0, BD)
@@ -158,7 +161,7 @@ def conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, snapsh
         x, weight.contiguous(), conv_state, y, snap, t, ch, x.stride(0), x.stride(1), conv_state.stride(0),
         conv_state.stride(1), y.stride(0), y.stride(1), snap.stride(0), snap.stride(1) if snapshots is not None else 0,
         snap.stride(2) if snapshots is not None else 0, WIDTH=width, SNAP=snapshots is not None, BLOCK_T=CONV_BLOCK_T,
-        BLOCK_C=block_c, INTERPRET=triton_interpret(), num_warps=4)
+        BLOCK_C=block_c, INTERPRET=triton_interpret(), num_warps=4, **early_launch_args(x.device))
     return y
 
 
@@ -179,15 +182,16 @@ def delta_rule(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.T
     y = torch.empty(rows, t, v_heads * dv, dtype=mixed.dtype, device=mixed.device) if out is None else out
     keep = valid.to(torch.float32).contiguous() if valid is not None else state
     snap = snapshots if snapshots is not None else state
+    early = early_launch_args(mixed.device)
     bk, bv = triton.next_power_of_2(dk), min(STATE_BLOCK_V, triton.next_power_of_2(dv))
     delta_rule_kernel[(rows * v_heads, triton.cdiv(dv, bv))](
         mixed, a, b, neg_a, dt_bias, state, y, keep, snap, t, v_heads, mixed.stride(0), mixed.stride(1), a.stride(0),
         a.stride(1), b.stride(0), b.stride(1), y.stride(0), y.stride(1), keep.stride(0) if valid is not None else 0,
         snap.stride(0) if snapshots is not None else 0, snap.stride(1) if snapshots is not None else 0, dk ** -0.5,
         K_HEADS=k_heads, DK=dk, DV=dv, BK=bk, BV=bv, HAS_VALID=valid is not None, SNAP=snapshots is not None,
-        INTERPRET=triton_interpret(), num_warps=max(1, min(8, bk * bv // 1024)))
+        INTERPRET=triton_interpret(), num_warps=max(1, min(8, bk * bv // 1024)), **early)
     y2, z2 = y.view(rows * t, v_heads * dv), z.reshape(rows * t, v_heads * dv)
     gated_norm_kernel[(rows * t * v_heads,)](
         y2, z2, norm_weight, y2, v_heads, y2.stride(0), z2.stride(0), y2.stride(0), float(eps), D=dv,
-        BD=triton.next_power_of_2(dv), INTERPRET=triton_interpret(), num_warps=1)
+        BD=triton.next_power_of_2(dv), INTERPRET=triton_interpret(), num_warps=1, **early)
     return y

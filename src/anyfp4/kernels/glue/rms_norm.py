@@ -14,12 +14,13 @@ import triton
 import triton.language as tl
 
 from ...env import triton_interpret
-from ..triton.common import round_to_output
+from ..triton.common import early_launch_args, round_to_output, wait_for_previous_kernel
 
 
 @triton.jit
 def add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, n_cols, stride_x, stride_d, stride_h, stride_y, eps,
-                        BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+                        BLOCK: tl.constexpr, INTERPRET: tl.constexpr, EARLY: tl.constexpr):
+    wait_for_previous_kernel(EARLY)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < n_cols
@@ -36,7 +37,8 @@ def add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, n_cols, stride_x, str
 
 @triton.jit
 def rms_norm_kernel(x_ptr, w_ptr, y_ptr, n_cols, stride_x, stride_y, eps,
-                    BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+                    BLOCK: tl.constexpr, INTERPRET: tl.constexpr, EARLY: tl.constexpr):
+    wait_for_previous_kernel(EARLY)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < n_cols
@@ -61,7 +63,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torc
     if x2.shape[0]:
         block = triton.next_power_of_2(n)
         rms_norm_kernel[(x2.shape[0],)](x2, weight, y, n, x2.stride(0), y.stride(0), float(eps), BLOCK=block,
-                                        INTERPRET=triton_interpret(), num_warps=max(1, min(16, block // 256)))
+                                        INTERPRET=triton_interpret(), num_warps=max(1, min(16, block // 256)),
+                                        **early_launch_args(x.device))
     return y.view(x.shape)
 
 
@@ -78,5 +81,5 @@ def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
         block = triton.next_power_of_2(n)
         add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, h, y, n, x2.stride(0), d2.stride(0), h.stride(0),
                                             y.stride(0), float(eps), BLOCK=block, INTERPRET=triton_interpret(),
-                                            num_warps=max(1, min(16, block // 256)))
+                                            num_warps=max(1, min(16, block // 256)), **early_launch_args(x.device))
     return h.view(x.shape), y.view(x.shape)

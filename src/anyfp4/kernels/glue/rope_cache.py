@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ...env import triton_interpret
-from ..triton.common import round_to_output
+from ..triton.common import early_launch_args, round_to_output, wait_for_previous_kernel
 
 
 @triton.jit
@@ -24,8 +24,9 @@ def rope_cache_kernel(
     T, H, HALF, HD,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sc_b, sc_t,
     sqo_b, sqo_t, sqo_h, skc_b, skc_h, skc_s, svc_b, svc_h, svc_s,
-    BLOCK: tl.constexpr, BLOCK_HD: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_HD: tl.constexpr, INTERPRET: tl.constexpr, EARLY: tl.constexpr,
 ):
+    wait_for_previous_kernel(EARLY)
     bt = tl.program_id(0)
     head = tl.program_id(1)
     b, t = bt // T, bt % T
@@ -75,5 +76,5 @@ def rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos, q_out=None):
         q_out.stride(0), q_out.stride(1), q_out.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         BLOCK=max(16, triton.next_power_of_2(rd // 2)), BLOCK_HD=max(16, triton.next_power_of_2(hd)),
-        INTERPRET=triton_interpret(), num_warps=1)
+        INTERPRET=triton_interpret(), num_warps=1, **early_launch_args(q.device))
     return q_out

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from ...dispatch.limits import DECODE_ROWS
 from ...env import triton_interpret
+from ..triton.common import early_launch_args, wait_for_previous_kernel
 
 ROWS = 16  # query rows per program (the tensor-core M)
 KEYS = 64  # keys per chunk
@@ -54,10 +55,11 @@ def small_attention_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, pos_ptr, part_ptr, stat_ptr,
     T, G, KVH, HD, SEG, scale,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b, sm_t,
-    BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr, EARLY: tl.constexpr,
 ):
     """Pass 1: one segment of keys for the 16 query heads of block rb (position rb // cdiv(G, 16)) -> part
     (16, BLOCK_D) unnormalised, stat (16, 2) max / sum."""
+    wait_for_previous_kernel(EARLY)
     bh, rb, seg = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, kvh = bh // KVH, bh % KVH
     head_blocks = tl.cdiv(G, 16)
@@ -110,11 +112,12 @@ def small_attention_kernel(
 @triton.jit
 def small_attention_merge_kernel(
     part_ptr, stat_ptr, pos_ptr, out_ptr, T, G, KVH, HD, SEG, NSEG, so_b, so_t, so_h,
-    BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, EARLY: tl.constexpr,
 ):
     """Pass 2, one program per query row (the grid is exactly the G * T rows: every program stores): its
     segments merged at once — the segments no row of the call may see load as (max -1e30, sum 0, output 0),
     so the reduction has one shape and adds exact zeros for them."""
+    wait_for_previous_kernel(EARLY)
     bh, row = tl.program_id(0), tl.program_id(1)
     b, kvh = bh // KVH, bh % KVH
     gi, pos = row // T, row % T
@@ -154,14 +157,15 @@ def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     nseg = triton.cdiv(cache_len, seg)
     row_blocks = t * triton.cdiv(g, ROWS)  # each position's query heads in tiles of their own
     block_d = max(16, triton.next_power_of_2(hd))
+    early = early_launch_args(q.device)
     part = torch.empty(b * kvh * row_blocks * nseg * ROWS, block_d, dtype=torch.float32, device=q.device)
     stat = torch.empty(b * kvh * row_blocks * nseg * ROWS, 2, dtype=torch.float32, device=q.device)
     small_attention_kernel[(b * kvh, row_blocks, nseg)](
         q, k, v, m, input_pos, part, stat, t, g, kvh, hd, seg, hd**-0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), sm_b, sm_t,
-        BLOCK_D=block_d, INTERPRET=triton_interpret(), num_warps=4)
+        BLOCK_D=block_d, INTERPRET=triton_interpret(), num_warps=4, **early)
     small_attention_merge_kernel[(b * kvh, g * t)](
         part, stat, input_pos, out, t, g, kvh, hd, seg, nseg, out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_D=block_d, BLOCK_S=max(16, triton.next_power_of_2(nseg)), num_warps=4)
+        BLOCK_D=block_d, BLOCK_S=max(16, triton.next_power_of_2(nseg)), num_warps=4, **early)
     return out

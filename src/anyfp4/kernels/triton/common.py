@@ -1,11 +1,15 @@
-"""Helpers every Triton kernel family shares: the one rounding of a float32 result to the output dtype, the reused
-workspace the prefill paths dequantize into, and the prefill that multiplies that dense copy with cuBLAS."""
+"""Helpers every Triton kernel family shares: the one rounding of a float32 result to the output dtype, the start of
+an early (programmatic dependent) launch, the reused workspace the prefill paths dequantize into, and the prefill
+that multiplies that dense copy with cuBLAS."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from ...env import triton_interpret
+from ..device import early_launch
 
 
 @triton.jit
@@ -17,6 +21,23 @@ def round_to_output(y, out_dtype: tl.constexpr, INTERPRET: tl.constexpr):
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
         return rounded.to(tl.int16).to(tl.bfloat16, bitcast=True)
     return y.to(out_dtype)
+
+
+@triton.jit
+def wait_for_previous_kernel(EARLY: tl.constexpr):
+    """The first statement of a kernel that ``early_launch_args`` launches: with EARLY, let the next kernel launch
+    (it too waits before it touches memory a kernel writes) and wait until the previous kernel has finished and its
+    writes are visible; nothing before this reads or writes memory."""
+    if EARLY:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+
+
+def early_launch_args(device: torch.device) -> dict:
+    """The launch keywords of a kernel that starts with ``wait_for_previous_kernel``: ``EARLY`` and Triton's
+    ``launch_pdl``, both on where ``device.early_launch`` allows it (a CUDA device, not the interpreter)."""
+    early = device.type == "cuda" and not triton_interpret() and early_launch(device.index)
+    return {"EARLY": early, "launch_pdl": early}
 
 
 _WORKSPACE: dict[tuple, torch.Tensor] = {}
