@@ -128,6 +128,6 @@ chain)
         | cut -c1-160 | tail -60
     ;;
 *)
-    echo "unknown stage $stage (check, older, check2, kernels, bench, sweep, runner, tp, hybrid, serve, chain)"; exit 2
+    echo "unknown stage $stage (check, older, check2, kernels, bench, sweep, runner, tp, hybrid, serve, early, chain)"; exit 2
     ;;
 esac
