@@ -5,6 +5,11 @@ config family, then a launch-config sweep against the production op and bf16 cuB
         [--skip-check]
     PYTHONPATH=src python benchmarks/probes/mma_sweep.py --skip-check --shapes 6144x4096 3072x4096 \
         --gated 7168x4096 --ms 1 2 4 8
+    PYTHONPATH=src python benchmarks/probes/mma_sweep.py --skip-check --after-norm --ms 1 ...
+
+``--after-norm`` times every call (each config, bf16, the op) behind an add + RMSNorm kernel that writes its input, as
+in a decode step, where a linear follows a norm (or the attention) rather than another linear; the norm's own chain
+is timed too (``norm_us``), and every time includes it.
 
 The best config per (format, shape, M) is what `dispatch/tables/cuda_mma_h200.json` holds (`--print-table` writes a sweep in that shape); the output file
 also works as it is as an extra table (``ANYFP4_MMA_TABLE=mma_sweep.json``) on GPUs of the same kind. The K slices
@@ -34,6 +39,7 @@ from anyfp4.dispatch.configs import MMAConfig
 from anyfp4.dispatch.tuning import mma_config
 from anyfp4.dispatch.tuning import mma_heuristic_config as heuristic_config
 from anyfp4.formats.nvfp4 import NVFP4Weight, dequantize_nvfp4
+from anyfp4.kernels.glue.rms_norm import add_rms_norm_triton
 from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, k_slices, k_warps_refusal, n_tiles_for, nvfp4_mma_gemm
 from anyfp4.ops.nvfp4 import nvfp4_prepacked_linear as nvfp4_op
 from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
@@ -189,7 +195,20 @@ def sweep_shape(time_config, ms: list[int], gated: bool, k_pad: int, step: int, 
     return choose_slices(ms, timed), timed
 
 
-def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),), ms=None, candidates=2):
+def behind_norm(xs: dict) -> dict:
+    """For each activation buffer of ``xs``: a call that writes it with an add + RMSNorm (a residual row plus a delta,
+    normed), as the norm before a decode step's linear writes that linear's input."""
+    runs = {}
+    for m, x in xs.items():
+        residual, delta = torch.randn_like(x), torch.randn_like(x)
+        h, weight = torch.empty_like(x), torch.rand(x.shape[1], device=x.device, dtype=x.dtype) + 0.5
+        runs[m] = lambda residual=residual, delta=delta, h=h, weight=weight, x=x: add_rms_norm_triton(
+            residual, delta, weight, 1e-5, out=(h, x))
+    return runs
+
+
+def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),), ms=None, candidates=2,
+          after_norm=False):
     torch.backends.cuda.matmul.allow_tf32 = False
     make, bpw, kernel, op, step = FORMATS[fmt]
     shapes = shapes or (SHAPES[:3] + [(28672, 8192)] if quick else SHAPES)
@@ -202,11 +221,12 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
         wb = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(bcopies)]
         k_pad = ws[0].codes.shape[1] * (8 if fmt == "nvfp4" else 4)
         xs = {m: torch.randn(m, k, device=device, dtype=torch.bfloat16) for m in ms}
+        timed_calls = in_context(xs, after_norm)
         rows: dict = {m: [] for m in ms}
 
         def time_config(cfg, m):
             try:
-                t = graph_seconds(lambda i: kernel(xs[m], ws[i % copies], None, cfg))
+                t = timed_calls(m, lambda i: kernel(xs[m], ws[i % copies], None, cfg))
             except ValueError:
                 return None
             rows[m].append({"cfg": cfg.__dict__, "us": t * 1e6})
@@ -216,18 +236,19 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
                                     0 if ms[0] == 1 else table_slices(device, fmt, False, n, k, k_pad))
         for m in ms:
             x = xs[m]
-            t_bf16 = graph_seconds(lambda i: torch.nn.functional.linear(x, wb[i % bcopies]))
-            t_op = graph_seconds(lambda i: op(x, ws[i % copies]))
+            t_bf16 = timed_calls(m, lambda i: torch.nn.functional.linear(x, wb[i % bcopies]))
+            t_op = timed_calls(m, lambda i: op(x, ws[i % copies]))
             t_best, cfg = timed[m][chosen]
             h = heuristic_config(n, k_pad, m, sms, False, fmt)
-            t_h = graph_seconds(lambda i: kernel(x, ws[i % copies], None, h))
+            t_h = timed_calls(m, lambda i: kernel(x, ws[i % copies], None, h))
             bytes_ = n * k * bpw + m * k * 2 + m * n * 2
             report["sweep"].append({
                 "format": fmt, "n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6, "op_us": t_op * 1e6,
                 "best_us": t_best * 1e6, "best_cfg": cfg.__dict__, "heuristic_us": t_h * 1e6,
                 "heuristic_cfg": h.__dict__, "best_gbps": bytes_ / t_best / 1e9, "speedup_best": t_bf16 / t_best,
                 "speedup_heuristic": t_bf16 / t_h, "speedup_op": t_bf16 / t_op,
-                "slices_us": {str(sl): tc[0] * 1e6 for sl, tc in sorted(timed[m].items())}, "sweep": rows[m]})
+                "slices_us": {str(sl): tc[0] * 1e6 for sl, tc in sorted(timed[m].items())}, "sweep": rows[m],
+                **norm_us(timed_calls, m, after_norm)})
             print(f"{fmt} {n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} op {t_op*1e6:.1f} mma best {t_best*1e6:.1f} {cfg} "
                   f"(slices {chosen} of {sorted(timed[m])}) heur {t_h*1e6:.1f} -> {t_bf16/t_best:.2f}x "
                   f"({bytes_/t_best/1e9:.0f} GB/s)", flush=True)
@@ -246,10 +267,11 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
         wb = [torch.randn(2 * n, k, device=device, dtype=torch.bfloat16) for _ in range(4)]
         k_pad = gws[0].codes.shape[1] * (8 if fmt == "nvfp4" else 4)
         xs = {m: torch.randn(m, k, device=device, dtype=torch.bfloat16) for m in ms}
+        timed_calls = in_context(xs, after_norm)
 
         def time_gated(cfg, m):
             try:
-                return graph_seconds(lambda i: kernel(xs[m], gws[i % copies], None, cfg))
+                return timed_calls(m, lambda i: kernel(xs[m], gws[i % copies], None, cfg))
             except ValueError:
                 return None
 
@@ -257,16 +279,35 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
                                     0 if ms[0] == 1 else table_slices(device, fmt, True, n, k, k_pad))
         for m in ms:
             x = xs[m]
-            t_bf16 = graph_seconds(lambda i: torch.nn.functional.linear(x, wb[i % 4]))
+            t_bf16 = timed_calls(m, lambda i: torch.nn.functional.linear(x, wb[i % 4]))
             t_best, cfg = timed[m][chosen]
             report["gated"].append({"format": fmt, "n": n, "k": k, "m": m, "bf16_us": t_bf16 * 1e6,
                                     "best_us": t_best * 1e6, "best_cfg": cfg.__dict__, "speedup": t_bf16 / t_best,
-                                    "slices_us": {str(sl): tc[0] * 1e6 for sl, tc in sorted(timed[m].items())}})
+                                    "slices_us": {str(sl): tc[0] * 1e6 for sl, tc in sorted(timed[m].items())},
+                                    **norm_us(timed_calls, m, after_norm)})
             print(f"{fmt} gated 2x{n}x{k} m={m}: bf16 {t_bf16*1e6:.1f} mma {t_best*1e6:.1f} {cfg} "
                   f"(slices {chosen} of {sorted(timed[m])})", flush=True)
         Path(report["out"]).write_text(json.dumps(report, indent=1))
         gws = wb = None
         torch.cuda.empty_cache()
+
+
+def in_context(xs: dict, after_norm: bool):
+    """``timed(m, calls)``: seconds per call of ``calls`` (graph_seconds), each behind the norm that writes ``xs[m]``
+    with ``after_norm``; ``timed(m, None)`` the norm's chain alone."""
+    norms = behind_norm(xs) if after_norm else {}
+
+    def timed(m, calls):
+        if not after_norm:
+            return graph_seconds(calls)
+        norm = norms[m]
+        return graph_seconds(lambda i: (norm(), calls(i) if calls is not None else None))
+    return timed
+
+
+def norm_us(timed_calls, m: int, after_norm: bool) -> dict:
+    """``{"norm_us": ...}``: the norm's chain alone, included in every time of an ``--after-norm`` sweep."""
+    return {"norm_us": timed_calls(m, None) * 1e6} if after_norm else {}
 
 
 def table_lines(path: str) -> list[str]:
@@ -297,6 +338,8 @@ def main():
     ap.add_argument("--gated", nargs="*", metavar="NxK", default=["14336x4096"],
                     help="gated shapes (gate = up = N x K); none named: no gated layer")
     ap.add_argument("--ms", nargs="+", type=int, help="M values (default 1 2 4 8 16 32)")
+    ap.add_argument("--after-norm", action="store_true", help="time every call behind an add + RMSNorm kernel that "
+                                                              "writes its input, as in a decode step")
     ap.add_argument("--slice-candidates", type=int, default=2, help="the fastest K-slice counts of M = 1 that every "
                                                                      "other M is swept at; the one best over all M "
                                                                      "is kept (default 2)")
@@ -320,7 +363,7 @@ def main():
     if not args.skip_sweep:
         for fmt in args.formats:
             sweep(device, report, args.quick, fmt, parse(args.shapes), parse(args.gated) or (), args.ms,
-                  args.slice_candidates)
+                  args.slice_candidates, args.after_norm)
     report["seconds"] = time.time() - t0
     Path(args.out).write_text(json.dumps(report, indent=1))
 
