@@ -208,7 +208,7 @@ def behind_norm(xs: dict) -> dict:
 
 
 def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),), ms=None, candidates=2,
-          after_norm=False):
+          after_norm=False, keep_slices=False):
     torch.backends.cuda.matmul.allow_tf32 = False
     make, bpw, kernel, op, step = FORMATS[fmt]
     shapes = shapes or (SHAPES[:3] + [(28672, 8192)] if quick else SHAPES)
@@ -232,8 +232,8 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
             rows[m].append({"cfg": cfg.__dict__, "us": t * 1e6})
             return t
 
-        chosen, timed = sweep_shape(time_config, ms, False, k_pad, step, candidates,
-                                    0 if ms[0] == 1 else table_slices(device, fmt, False, n, k, k_pad))
+        fixed = 0 if ms[0] == 1 and not keep_slices else table_slices(device, fmt, False, n, k, k_pad)
+        chosen, timed = sweep_shape(time_config, ms, False, k_pad, step, candidates, fixed)
         for m in ms:
             x = xs[m]
             t_bf16 = timed_calls(m, lambda i: torch.nn.functional.linear(x, wb[i % bcopies]))
@@ -275,8 +275,8 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
             except ValueError:
                 return None
 
-        chosen, timed = sweep_shape(time_gated, ms, True, k_pad, step, candidates,
-                                    0 if ms[0] == 1 else table_slices(device, fmt, True, n, k, k_pad))
+        fixed = 0 if ms[0] == 1 and not keep_slices else table_slices(device, fmt, True, n, k, k_pad)
+        chosen, timed = sweep_shape(time_gated, ms, True, k_pad, step, candidates, fixed)
         for m in ms:
             x = xs[m]
             t_bf16 = timed_calls(m, lambda i: torch.nn.functional.linear(x, wb[i % 4]))
@@ -340,6 +340,8 @@ def main():
     ap.add_argument("--ms", nargs="+", type=int, help="M values (default 1 2 4 8 16 32)")
     ap.add_argument("--after-norm", action="store_true", help="time every call behind an add + RMSNorm kernel that "
                                                               "writes its input, as in a decode step")
+    ap.add_argument("--keep-slices", action="store_true", help="sweep M = 1 too at the launch table's K-slice count "
+                                                               "(its rows keep their bits)")
     ap.add_argument("--slice-candidates", type=int, default=2, help="the fastest K-slice counts of M = 1 that every "
                                                                      "other M is swept at; the one best over all M "
                                                                      "is kept (default 2)")
@@ -363,7 +365,7 @@ def main():
     if not args.skip_sweep:
         for fmt in args.formats:
             sweep(device, report, args.quick, fmt, parse(args.shapes), parse(args.gated) or (), args.ms,
-                  args.slice_candidates, args.after_norm)
+                  args.slice_candidates, args.after_norm, args.keep_slices)
     report["seconds"] = time.time() - t0
     Path(args.out).write_text(json.dumps(report, indent=1))
 
