@@ -110,6 +110,8 @@ hybrid)
     done
     ;;
 serve)
+    # a machine without a registry: the serve extra's wheels carried in .whl/ (pip download --no-deps for its Python)
+    if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -2; fi
     (cd benchmarks/runners && timeout 300 python3 serve_gpu.py --tokenizer "${TOKENIZER:?a tokenizer directory}" \
         --bench ${COMMIT:+--commit $COMMIT} --out "$OUT/serve_gpu.json" 2>&1 | tail -16)
     ;;
