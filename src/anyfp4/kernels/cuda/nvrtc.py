@@ -64,12 +64,6 @@ def _cuda() -> ctypes.CDLL:
         raise NVRTCError(f"the CUDA driver library libcuda.so.1 could not be loaded: {e}") from e
 
 
-def nvrtc_version() -> tuple[int, int]:
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    _nvrtc().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
-    return major.value, minor.value
-
-
 @functools.cache
 def compiler_available() -> bool:
     """True when NVRTC can be loaded (enough to compile; launching needs a GPU and its driver too)."""
