@@ -139,14 +139,16 @@ def support_kernels_compile(cc):
                                           "stride_h": "i32", "stride_y": "i32", "eps": "fp32"},
                     {"BLOCK": 4096, "INTERPRET": False, "EARLY": early}, cc, num_warps=16)
         attn_sig = {"q_ptr": f"*{act}", "k_ptr": f"*{act}", "v_ptr": f"*{act}", "mask_ptr": "*i1", "pos_ptr": "*i64",
-                    "part_ptr": "*fp32", "stat_ptr": "*fp32", **{n: "i32" for n in ("T", "G", "KVH", "HD", "SEG")},
+                    "start_ptr": "*i64", "part_ptr": "*fp32", "stat_ptr": "*fp32", **{n: "i32" for n in ("T", "G", "KVH", "HD", "SEG")},
                     "scale": "fp32", **{n: "i32" for n in ("sq_b", "sq_h", "sq_t", "sk_b", "sk_h", "sk_s", "sv_b",
                                                           "sv_h", "sv_s", "sm_b", "sm_t")}}
-        merge_sig = {"part_ptr": "*fp32", "stat_ptr": "*fp32", "pos_ptr": "*i64", "out_ptr": f"*{act}",
+        merge_sig = {"part_ptr": "*fp32", "stat_ptr": "*fp32", "pos_ptr": "*i64", "start_ptr": "*i64",
+                     "out_ptr": f"*{act}",
                      **{n: "i32" for n in ("T", "G", "KVH", "HD", "SEG", "NSEG", "so_b", "so_t", "so_h")}}
-        for block_d in (64, 128):
-            compile_for(small_attention_kernel, attn_sig, {"BLOCK_D": block_d, "INTERPRET": False, "EARLY": early}, cc)
-            compile_for(small_attention_merge_kernel, merge_sig, {"BLOCK_D": block_d, "BLOCK_S": 64, "EARLY": early}, cc)
+        for block_d, has_start in ((64, False), (128, True)):
+            flags = {"HAS_START": has_start, "EARLY": early}
+            compile_for(small_attention_kernel, attn_sig, {"BLOCK_D": block_d, "INTERPRET": False, **flags}, cc)
+            compile_for(small_attention_merge_kernel, merge_sig, {"BLOCK_D": block_d, "BLOCK_S": 64, **flags}, cc)
         rope_sig = {**{n: f"*{act}" for n in ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "kc_ptr", "vc_ptr")},
                     "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64",
                     **{n: "i32" for n in ("T", "H", "HALF", "HD", "sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b",

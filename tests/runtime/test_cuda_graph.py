@@ -63,7 +63,8 @@ def test_a_left_padded_batch_gives_each_prompts_text_alone(fmt, monkeypatch):
     model = random_model("smollm2-135m", fmt, torch.device("cuda"), torch.bfloat16, progress=False)
     params = SamplingParams(max_new_tokens=24)
     gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, model.args.vocab_size, (n,), generator=gen).tolist() for n in (40, 9, 23, 1)]
+    # padding of more than one 64-key chunk and segment, prompts on both prefill attention paths (> and <= 32)
+    prompts = [torch.randint(0, model.args.vocab_size, (n,), generator=gen).tolist() for n in (150, 40, 9, 83, 1)]
     assert generate(model, prompts, params) == [generate(model, [p], params)[0] for p in prompts]
 
 

@@ -47,6 +47,41 @@ def test_left_padded_batch_equals_single_runs(model):
     assert batch == [generate(model, [p], params)[0] for p in prompts]
 
 
+def padded_steps(model, prompts, steps):
+    """Each row's final-norm output (what the head reads) after its prompt and after each of ``steps`` greedy
+    tokens, in one left-padded batch laid out as ``generate`` lays it out."""
+    b, longest = len(prompts), max(len(p) for p in prompts)
+    slots = longest + steps + 5  # longer than alone: the cache past a row's last position is not read
+    model.setup_caches(b, slots)
+    tokens = torch.zeros(b, longest, dtype=torch.long)
+    valid = torch.zeros(b, slots, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        tokens[i, longest - len(p):] = torch.tensor(p)
+        valid[i, longest - len(p):] = True
+    rope = (valid[:, :longest].long().cumsum(-1) - 1).clamp(min=0)
+    out = []
+    with torch.no_grad():
+        logits, hidden = model(tokens, torch.arange(longest), rope, valid, hidden=True, last=True)
+        for step in range(steps):
+            out.append(hidden[:, -1])
+            valid[:, longest + step] = True
+            logits, hidden = model(logits[:, -1].argmax(-1)[:, None], torch.tensor([longest + step]),
+                                   rope[:, -1:] + 1 + step, valid, hidden=True)
+    return torch.stack(out, 1)
+
+
+def test_a_padded_row_is_computed_as_alone(model):
+    """Prompts longer and shorter than a decode step's row limit (the prefill's two attention paths), left-padded
+    in one batch: every row's final hidden state after the prompt and at each step equals the prompt's alone, bit
+    for bit. (Not the logits: this checkpoint's head is a dense layer, and on the CPU torch's float32 GEMM sums a
+    row in another order for another row count — README, "Batches".)"""
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (70, 40, 9, 3)]
+    batch = padded_steps(model, prompts, 6)
+    for i, p in enumerate(prompts):
+        assert torch.equal(batch[i], padded_steps(model, [p], 6)[0]), len(p)
+
+
 def test_stop_tokens_end_generation(model):
     first = generate(model, [[5, 6, 7, 8]], SamplingParams(max_new_tokens=8))[0]
     stop = first[3]

@@ -19,8 +19,10 @@ formats share; ``ops.checks``: argument checks; ``ops.registry``: how the quanti
 - every quantized op takes an optional last argument ``split_k`` (0: the launch table's): the K slices of
   the CUDA decode kernel, which set the order a row's products are added in (tensor-parallel shards pass
   their full layer's, so that they compute one GPU's bits).
-- ``small_attention(q, k_cache, v_cache, mask, input_pos)``: grouped-query attention of t <= 32 new
-  positions over the static KV cache (``kernels.glue.small_attention``), (b, t, h, hd) out; CUDA only.
+- ``small_attention(q, k_cache, v_cache, mask, input_pos, key_start=None)``: grouped-query attention of t <= 32
+  new positions over the static KV cache (``kernels.glue.small_attention``), (b, t, h, hd) out; CUDA only.
+  ``key_start`` (b,): each sequence's first valid slot (a left-padded batch: its rows then get the bits they get
+  alone).
 - ``rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos)``: rotary embedding of q and k (of their first
   ``cos.shape[-1]`` dims: partial rotary when the tables are narrower than a head), k and v
   written into the caches at ``input_pos`` (``kernels.glue.rope_cache`` on CUDA, its pure-torch definition on

@@ -152,7 +152,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
     if params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
     logits = model(tokens, torch.arange(longest, device=device), rope if padded else None,
-                   valid if padded else None)
+                   valid if padded else None, last=True)
     if not bool(torch.isfinite(logits[:, -1]).all()):  # once per call: NaN logits would decode to silence
         raise ValueError("the model's logits after the prompt are NaN or Inf: its weights overflow the "
                          f"activation dtype ({model.dtype}); try --dtype fp32 or check the checkpoint")

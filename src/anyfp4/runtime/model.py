@@ -89,7 +89,7 @@ class Attention(nn.Module):
         q_rows = a.num_heads * a.head_dim * (2 if a.attn_output_gate else 1)
         return self.qkv(x).split([q_rows, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim], dim=-1)
 
-    def forward(self, x, cos, sin, mask, input_pos):
+    def forward(self, x, cos, sin, mask, input_pos, key_start=None):
         a = self.args
         b, t, _ = x.shape
         q, k, v = self.project(x)
@@ -107,26 +107,52 @@ class Attention(nn.Module):
         # the compiler; the caches stay plain in-place updates, with no functionalized copies of them).
         rope = rope_cache_reference if torch.compiler.is_compiling() else torch.ops.anyfp4.rope_cache
         q = rope(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos).transpose(1, 2)
-        y = self.attend(q, mask, input_pos)  # (b, t, h * hd)
+        y = self.attend(q, mask, input_pos, key_start)  # (b, t, h * hd)
         if gate is not None:
             y = y * per_row(torch.sigmoid, gate)
         return self.o_proj(y)
 
-    def attend(self, q, mask, input_pos):
-        """q (b, h, t, hd) over the caches -> (b, t, h * hd)."""
+    def attend(self, q, mask, input_pos, key_start=None):
+        """q (b, h, t, hd) at the consecutive cache slots ``input_pos`` over the caches -> (b, t, h * hd).
+        ``key_start`` (b,): each sequence's first valid slot (a left-padded batch)."""
         a = self.args
         b, _, t, _ = q.shape
         if t <= DECODE_ROWS and q.is_cuda:  # rows independent of t: decode and verify steps give the same bits
-            y = torch.ops.anyfp4.small_attention(q, self.k_cache, self.v_cache, mask, input_pos)
+            y = torch.ops.anyfp4.small_attention(q, self.k_cache, self.v_cache, mask, input_pos, key_start)
             return y.reshape(b, t, a.num_heads * a.head_dim)
-        if t <= DECODE_ROWS:  # decode and verify steps: attention over the cache (small_attention / attend_small)
-            y = attend_small(q, self.k_cache, self.v_cache, mask)
+        if torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+            # a compiled or captured step of more than DECODE_ROWS rows: the whole cache, no host values
+            y = self.attend_slots(q, self.k_cache, self.v_cache, mask)
         else:
-            g = a.num_heads // a.num_kv_heads
-            kr, vr = (c.repeat_interleave(g, dim=1) if g > 1 else c for c in (self.k_cache, self.v_cache))
-            with sdpa_kernel(DETERMINISTIC_SDPA):
-                y = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)
+            y = self.attend_visible(q, mask, input_pos, key_start)
         return y.transpose(1, 2).reshape(b, t, a.num_heads * a.head_dim)
+
+    def attend_visible(self, q, mask, input_pos, key_start):
+        """Each sequence over exactly the slots it may see, its first valid one to the last new position: a prompt's
+        rows get the same shapes, and so the same bits, alone and in a left-padded batch (and the cache past the
+        prompt is not read)."""
+        end = int(input_pos[-1]) + 1
+        starts = [0] * q.shape[0] if key_start is None else key_start.tolist()
+        if not any(starts):
+            return self.attend_slots(q, self.k_cache[:, :, :end], self.v_cache[:, :, :end], mask[..., :end])
+        y = q.new_zeros(q.shape)  # a padding position sees no key
+        first = int(input_pos[0])
+        for i, s in enumerate(starts):
+            j = max(0, min(s - first, q.shape[2]))  # the row's first position at or past its first valid slot
+            if j < q.shape[2]:
+                m = mask[i:i + 1, :, j:, s:end] if mask.dim() == 4 else mask[j:, s:end]
+                y[i:i + 1, :, j:] = self.attend_slots(q[i:i + 1, :, j:], self.k_cache[i:i + 1, :, s:end],
+                                                      self.v_cache[i:i + 1, :, s:end], m)
+        return y
+
+    def attend_slots(self, q, k, v, mask):
+        """q (b, h, t, hd) over k/v (b, kvh, S, hd) with mask (t, S) or (b, 1, t, S) -> (b, h, t, hd)."""
+        if q.shape[2] <= DECODE_ROWS:  # decode and verify steps on the CPU
+            return attend_small(q, k, v, mask)
+        g = self.args.num_heads // self.args.num_kv_heads
+        kr, vr = (c.repeat_interleave(g, dim=1) if g > 1 else c for c in (k, v))
+        with sdpa_kernel(DETERMINISTIC_SDPA):
+            return F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)
 
 
 class Block(nn.Module):
@@ -134,7 +160,7 @@ class Block(nn.Module):
         super().__init__()
         self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
 
-    def forward(self, x, delta, cos, sin, mask, input_pos):
+    def forward(self, x, delta, cos, sin, mask, input_pos, key_start=None):
         """x: the residual stream; delta: the previous block's MLP output not yet added to it (None before
         the first block) — each residual add is fused into the norm that follows it. Returns the
         residual stream and this block's MLP output, still to be added."""
@@ -142,7 +168,7 @@ class Block(nn.Module):
             n = self.input_norm(x)
         else:
             x, n = self.input_norm.add_and_norm(x, delta)
-        x, n = self.post_norm.add_and_norm(x, self.attn(n, cos, sin, mask, input_pos))
+        x, n = self.post_norm.add_and_norm(x, self.attn(n, cos, sin, mask, input_pos, key_start))
         return x, self.mlp(n)
 
 
@@ -206,31 +232,35 @@ class Transformer(nn.Module):
             torch._foreach_copy_(states, snapshots)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, rope_pos: torch.Tensor | None = None,
-                key_valid: torch.Tensor | None = None, hidden: bool = False):
-        """tokens (b, t) written to cache slots ``input_pos`` (t,) -> logits (b, t, vocab) in float32; with
-        ``hidden``, (logits, the final norm's output (b, t, hidden_size)), which a multi-token-prediction head reads.
+                key_valid: torch.Tensor | None = None, hidden: bool = False, last: bool = False):
+        """tokens (b, t) written to consecutive cache slots ``input_pos`` (t,) -> logits (b, t, vocab) in float32
+        (with ``last``, of the last position only: (b, 1, vocab), what a prompt's prefill needs); with ``hidden``,
+        (logits, the final norm's output (b, t, hidden_size)), which a multi-token-prediction head reads.
 
         Left-padded batches pass ``rope_pos`` (b, t), each row's own positions, and ``key_valid``
         (b, S), False on padding slots.
         """
         x = F.embedding(tokens, self.embed)
-        cos, sin, mask = self.positions(input_pos, rope_pos, key_valid, self.max_seq)
+        cos, sin, mask, key_start = self.positions(input_pos, rope_pos, key_valid, self.max_seq)
         delta = None
         for blk in self.blocks:
-            x, delta = blk(x, delta, cos, sin, mask, input_pos)
+            x, delta = blk(x, delta, cos, sin, mask, input_pos, key_start)
         n = self.norm(x) if delta is None else self.norm.add_and_norm(x, delta)[1]
-        logits = self.lm_head(n).float()
+        logits = self.lm_head(n[:, -1:] if last else n).float()
         return (logits, n) if hidden else logits
 
     def positions(self, input_pos: torch.Tensor, rope_pos: torch.Tensor | None, key_valid: torch.Tensor | None,
                   max_seq: int):
-        """(cos, sin, mask) of the new positions: rotary tables (b or 1, 1, t, rotary dims) float32 and which of the
-        ``max_seq`` cache slots each may attend to ((t, S), or (b, 1, t, S) with ``key_valid``)."""
+        """(cos, sin, mask, key_start) of the new positions: rotary tables (b or 1, 1, t, rotary dims) float32,
+        which of the ``max_seq`` cache slots each may attend to ((t, S), or (b, 1, t, S) with ``key_valid``), and
+        with ``key_valid`` each sequence's first valid slot ((b,); else None)."""
         pos = (input_pos[None, :] if rope_pos is None else rope_pos).float()
         freqs = pos[..., None] * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos()[:, None], emb.sin()[:, None]
         mask = torch.arange(max_seq, device=input_pos.device)[None, :] <= input_pos[:, None]
+        key_start = None
         if key_valid is not None:
             mask = mask[None, None] & key_valid[:, None, None, :]
-        return cos, sin, mask
+            key_start = key_valid.to(torch.uint8).argmax(-1)  # the first True (a row with none: 0)
+        return cos, sin, mask, key_start

@@ -34,7 +34,7 @@ class MTPHead(nn.Module):
         (b, t, hidden_size) -> (logits (b, t, vocab) float32 for the tokens two on, the head's own output)."""
         e = self.norm_embedding(torch.nn.functional.embedding(tokens, model.embed))
         x = self.fc(torch.cat([e, self.norm_hidden(hidden)], dim=-1))
-        cos, sin, mask = model.positions(input_pos, None, None, self.max_seq)
+        cos, sin, mask, _ = model.positions(input_pos, None, None, self.max_seq)
         x, delta = self.layer(x, None, cos, sin, mask, input_pos)
         out = self.norm.add_and_norm(x, delta)[1]
         return model.lm_head(out).float(), out

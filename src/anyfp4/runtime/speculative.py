@@ -157,7 +157,7 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
     # the MTP head reads the model's final-norm outputs too
     verify = partial(decode_step(model), hidden=heads is not None)
     logits = model(torch.tensor([list(prompt)], device=device), torch.arange(len(prompt), device=device),
-                   hidden=heads is not None)
+                   hidden=heads is not None, last=True)
     if heads is not None:
         logits, hidden = logits
     out = [int(sample(logits[:, -1], params, generator))]

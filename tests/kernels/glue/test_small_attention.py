@@ -90,3 +90,35 @@ def test_a_row_reads_no_slot_past_its_position(device):
     many = small_attention(q, k, v, mask, pos)
     one = small_attention(q[:, :, :1], k, v, mask[:1], pos[:1])
     assert torch.isfinite(one).all() and torch.equal(one[:, 0], many[:, 0])
+
+
+@pytest.mark.parametrize("pad,t", [(5, 1), (64, 1), (37, 3)])
+def test_a_left_padded_row_with_its_start_gets_its_bits_alone(device, pad, t):
+    """A sequence behind ``pad`` padding slots (poisoned: no slot before ``key_start`` is read) in a batch beside
+    an unpadded one, its cache longer than alone: with its first valid slot as ``key_start``, its segments and
+    chunks begin where they begin alone, so every row is bit for bit the prompt's own call."""
+    n, cache = 150, 170  # positions n .. n + t - 1 of the prompt alone
+    qa, ka, va, mask_a, pos_a = case(device, torch.bfloat16, 1, 2, 4, t, 64, n, cache, seed=pad)
+    alone = small_attention(qa, ka, va, mask_a, pos_a)
+    big = cache + pad + 30
+    k = torch.randn(2, 2, big, 64, dtype=torch.bfloat16).to(device)
+    v = torch.randn(2, 2, big, 64, dtype=torch.bfloat16).to(device)
+    k[1, :, pad:pad + cache], v[1, :, pad:pad + cache] = ka[0], va[0]
+    k[1, :, :pad], v[1, :, :pad] = float("nan"), float("inf")
+    q = torch.cat([torch.randn_like(qa), qa]).to(device)
+    pos = pos_a + pad
+    valid = torch.ones(2, big, dtype=torch.bool, device=device)
+    valid[1, :pad] = False
+    full = (torch.arange(big, device=device)[None, :] <= pos[:, None])[None, None] & valid[:, None, None, :]
+    start = torch.tensor([0, pad], device=device)
+    out = torch.full((2, t, 8, 64), float("nan"), dtype=torch.bfloat16, device=device)
+    y = small_attention(q, k, v, full, pos, key_start=start, out=out)
+    assert torch.equal(y[1], alone[0])
+    torch.testing.assert_close(y[:1].float(), small_attention_reference(q[:1], k[:1], v[:1], full[:1]),
+                               rtol=2e-2, atol=2e-2)
+
+
+def test_a_bad_key_start_is_refused(device):
+    q, k, v, mask, pos = case(device, torch.float16, 2, 1, 1, 1, 32, 0, 16, seed=1)
+    with pytest.raises(ValueError, match="key_start must be"):
+        small_attention(q, k, v, mask, pos, key_start=torch.zeros(3, dtype=torch.long, device=device))

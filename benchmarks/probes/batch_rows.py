@@ -1,0 +1,106 @@
+"""Is a prompt's row in a left-padded batch computed as the prompt alone? For prompts of different lengths, the
+prefill (eager, forward hooks on every module) alone and inside one batch, each row's valid positions compared
+module by module: the first module (in forward order) whose output differs is named per row, with the largest
+difference. Then ``generate`` alone and batched: the first new token where each row's text departs.
+A batch of equal lengths (no padding) separates the row count from the padding.
+
+    PYTHONPATH=src ANYFP4_PREFILL=chunked python benchmarks/probes/batch_rows.py --arch llama-3.1-8b \\
+        --format nvfp4 --out batch_rows.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from anyfp4.bench.random_model import random_model
+from anyfp4.runtime.generate import SamplingParams, generate
+
+
+def prefill_outputs(model, prompts):
+    """Each module's output of a left-padded prefill of ``prompts``, as ``generate`` lays it out: name -> (b, t, ...)."""
+    dev = model.device
+    b, longest = len(prompts), max(len(p) for p in prompts)
+    slots = longest + 8
+    model.setup_caches(b, slots)
+    tokens = torch.zeros(b, longest, dtype=torch.long, device=dev)
+    valid = torch.zeros(b, slots, dtype=torch.bool, device=dev)
+    for i, p in enumerate(prompts):
+        tokens[i, longest - len(p):] = torch.tensor(p, device=dev)
+        valid[i, longest - len(p):] = True
+    padded = not bool(valid[:, :longest].all())
+    rope = (valid[:, :longest].long().cumsum(-1) - 1).clamp(min=0)
+    seen, handles = {}, []
+    for name, module in model.named_modules():
+        if name:
+            def hook(_m, _i, out, name=name):
+                out = out[0] if isinstance(out, tuple) else out
+                if isinstance(out, torch.Tensor) and out.dim() >= 2:
+                    seen[name] = out.detach().clone()
+            handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            seen["logits"] = model(tokens, torch.arange(longest, device=dev), rope if padded else None,
+                                   valid if padded else None)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def first_difference(batch, alone, row, length):
+    for name, out in alone.items():
+        got = batch.get(name)
+        if got is None or got.shape[0] <= row or got.dim() < 2:
+            continue
+        a = out[0, -length:] if out.shape[1] >= length else out[0]
+        g = got[row, -length:] if got.shape[1] >= length else got[row]
+        if a.shape != g.shape:
+            continue
+        if not torch.equal(a, g):
+            return {"module": name, "max_abs": float((a.float() - g.float()).abs().max())}
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", default="llama-3.1-8b")
+    ap.add_argument("--format", default="nvfp4")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[45, 38, 52, 20, 66, 45, 9, 59])
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu (float32) for a quick check of the script")
+    ap.add_argument("--out", default="batch_rows.json")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = random_model(args.arch, args.format, device, dtype, progress=False)
+    gen = torch.Generator().manual_seed(7)
+    vocab = model.args.vocab_size
+    report = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "arch": args.arch,
+              "format": args.format, "cases": {}}
+    cases = {"mixed_lengths": [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in args.lengths],
+             "equal_lengths": [torch.randint(0, vocab, (48,), generator=gen).tolist() for _ in range(6)]}
+    params = SamplingParams(max_new_tokens=args.new_tokens)
+    for case, prompts in cases.items():
+        batch = prefill_outputs(model, prompts)
+        rows = []
+        for i, p in enumerate(prompts):
+            alone = prefill_outputs(model, [p])
+            rows.append({"length": len(p), "prefill": first_difference(batch, alone, i, len(p))})
+        del batch, alone
+        together = generate(model, prompts, params)
+        for i, p in enumerate(prompts):
+            single = generate(model, [p], params)[0]
+            rows[i]["first_new_token_differing"] = next(
+                (j for j, (x, y) in enumerate(zip(single, together[i])) if x != y), None)
+        report["cases"][case] = rows
+        print(case, json.dumps(rows))
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
