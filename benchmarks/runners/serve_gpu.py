@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve_load.py beside this script
@@ -61,6 +63,8 @@ def run_server(app):
 
 
 def concurrent_round(port: int, asked: list[str], max_tokens: int) -> tuple[list[dict], float]:
+    """Every prompt at once, a thread each (run in a process of its own: clients that parse their streams under
+    the server's GIL would slow the server they measure)."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(asked)) as pool:
         results = list(pool.map(lambda p: stream_chat(port, p, max_tokens), asked))
@@ -108,11 +112,15 @@ def main() -> None:
     tokenizer = load_tokenizer(args.tokenizer, model.args.vocab_size)
     session = Session(args.tokenizer, model.args, tokenizer, stop_token_ids=(), model=model)  # replies run to max
     asked = prompts(args.clients)
-    port, stop = run_server(create_app(GenerationWorker(session, 4 * args.clients, max_batch=args.clients), "m"))
+    worker = GenerationWorker(session, 4 * args.clients, max_batch=args.clients)
+    port, stop = run_server(create_app(worker, "m"))
     try:
         alone = [stream_chat(port, p, args.max_tokens) for p in asked]
-        concurrent_round(port, asked, args.max_tokens)  # captures the batch's graphs
-        together, wall = concurrent_round(port, asked, args.max_tokens)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as clients:
+            clients.submit(concurrent_round, port, asked, args.max_tokens).result()  # captures the batch's graphs
+            before = Counter(worker.generations)
+            together, wall = clients.submit(concurrent_round, port, asked, args.max_tokens).result()
+            timed_generations = dict(worker.generations - before)
     finally:
         stop()
     ok = [r.get("status") == 200 and r.get("done") and r.get("finish") == "length" for r in alone + together]
@@ -123,7 +131,7 @@ def main() -> None:
         "commit": args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                                 text=True).stdout.strip(),
         "model": f"random:{args.arch}:{args.format}", "clients": args.clients, "max_tokens": args.max_tokens,
-        "all_completed": all(ok), "same_as_alone": sum(a.get("text") == b.get("text") for a, b in zip(alone, together)),
+        "all_completed": all(ok), "timed_round_generations_by_size": timed_generations, "same_as_alone": sum(a.get("text") == b.get("text") for a, b in zip(alone, together)),
         "completion_tokens": tokens, "wall_s": wall, "aggregate_tok_s": tokens / wall,
         "first_text_p50_s": sorted(r["first_s"] for r in together)[len(together) // 2],
         "one_client_decode_tok_s": sorted(alone_rates)[len(alone_rates) // 2],

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 
 import torch
@@ -143,6 +143,7 @@ class GenerationWorker:
         self._arrived = 0  # jobs submitted so far: whether one came while a batch was gathered
         self._changed = threading.Condition()  # guards _jobs and _closed; notified when either changes
         self._thread: threading.Thread | None = None
+        self.generations: Counter[int] = Counter()  # generations run so far, by their number of requests
 
     # -- the tokenizer, under its lock --------------------------------------------------------------------
 
@@ -250,6 +251,7 @@ class GenerationWorker:
                 self._generate(batch)
 
     def _generate(self, batch: list[Job]) -> None:
+        self.generations[len(batch)] += 1
         rows = [_Row(job, self._reply_text) for job in batch]
         params = replace(batch[0].params, max_new_tokens=max(job.params.max_new_tokens for job in batch))
 
