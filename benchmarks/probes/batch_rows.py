@@ -1,7 +1,8 @@
 """Is a prompt's row in a left-padded batch computed as the prompt alone? For prompts of different lengths, the
 prefill (eager, forward hooks on every module) alone and inside one batch, each row's valid positions compared
 module by module: the first module (in forward order) whose output differs is named per row, with the largest
-difference. Then ``generate`` alone and batched: the first new token where each row's text departs.
+difference; the same for the first eager decode steps after it. Then ``generate`` alone and batched: the first new
+token where each row's text departs.
 A batch of equal lengths (no padding) separates the row count from the padding.
 
     PYTHONPATH=src ANYFP4_PREFILL=chunked python benchmarks/probes/batch_rows.py --arch llama-3.1-8b \\
@@ -51,6 +52,45 @@ def prefill_outputs(model, prompts):
     return seen
 
 
+def step_outputs(model, prompts, steps):
+    """Each module's output at each of ``steps`` eager greedy decode steps after a left-padded prefill laid out as
+    ``generate`` lays it out: list (per step) of name -> (b, 1, ...)."""
+    dev = model.device
+    b, longest = len(prompts), max(len(p) for p in prompts)
+    slots = longest + steps + 8
+    model.setup_caches(b, slots)
+    tokens = torch.zeros(b, longest, dtype=torch.long, device=dev)
+    valid = torch.zeros(b, slots, dtype=torch.bool, device=dev)
+    for i, p in enumerate(prompts):
+        tokens[i, longest - len(p):] = torch.tensor(p, device=dev)
+        valid[i, longest - len(p):] = True
+    rope = (valid[:, :longest].long().cumsum(-1) - 1).clamp(min=0)
+    padded = not bool(valid[:, :longest].all())
+    out = []
+    with torch.no_grad():
+        logits = model(tokens, torch.arange(longest, device=dev), rope if padded else None,
+                       valid if padded else None, last=True)
+        for step in range(steps):
+            seen, handles = {}, []
+            for name, module in model.named_modules():
+                if name:
+                    def hook(_m, _i, o, name=name):
+                        o = o[0] if isinstance(o, tuple) else o
+                        if isinstance(o, torch.Tensor) and o.dim() >= 2:
+                            seen[name] = o.detach().clone()
+                    handles.append(module.register_forward_hook(hook))
+            valid[:, longest + step] = True
+            try:
+                logits = model(logits[:, -1].argmax(-1)[:, None], torch.tensor([longest + step], device=dev),
+                               rope[:, -1:] + 1 + step if padded else None, valid if padded else None)
+            finally:
+                for h in handles:
+                    h.remove()
+            seen["logits"] = logits
+            out.append(seen)
+    return out
+
+
 def first_difference(batch, alone, row, length):
     for name, out in alone.items():
         got = batch.get(name)
@@ -82,7 +122,8 @@ def main() -> None:
     report = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "arch": args.arch,
               "format": args.format, "cases": {}}
     cases = {"mixed_lengths": [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in args.lengths],
-             "equal_lengths": [torch.randint(0, vocab, (48,), generator=gen).tolist() for _ in range(6)]}
+             "equal_lengths": [torch.randint(0, vocab, (48,), generator=gen).tolist() for _ in range(6)],
+             "equal_lengths_16": [torch.randint(0, vocab, (48,), generator=gen).tolist() for _ in range(16)]}
     params = SamplingParams(max_new_tokens=args.new_tokens)
     for case, prompts in cases.items():
         batch = prefill_outputs(model, prompts)
@@ -91,6 +132,12 @@ def main() -> None:
             alone = prefill_outputs(model, [p])
             rows.append({"length": len(p), "prefill": first_difference(batch, alone, i, len(p))})
         del batch, alone
+        batch_steps = step_outputs(model, prompts, 4)
+        for i, p in enumerate(prompts):
+            alone_steps = step_outputs(model, [p], 4)
+            rows[i]["decode"] = next(({"step": k, **d} for k, (bs, al) in enumerate(zip(batch_steps, alone_steps))
+                                      if (d := first_difference(bs, al, i, 1))), None)
+        del batch_steps, alone_steps
         together = generate(model, prompts, params)
         for i, p in enumerate(prompts):
             single = generate(model, [p], params)[0]

@@ -139,7 +139,13 @@ class Attention(nn.Module):
         first = int(input_pos[0])
         for i, s in enumerate(starts):
             j = max(0, min(s - first, q.shape[2]))  # the row's first position at or past its first valid slot
-            if j < q.shape[2]:
+            if j >= q.shape[2]:
+                continue
+            if q.is_cuda and q.shape[2] - j <= DECODE_ROWS:  # as the prompt alone runs: the decode kernel
+                y[i:i + 1, :, j:] = torch.ops.anyfp4.small_attention(
+                    q[i:i + 1, :, j:], self.k_cache[i:i + 1], self.v_cache[i:i + 1], mask[i:i + 1, :, j:],
+                    input_pos[j:], key_start[i:i + 1]).transpose(1, 2)
+            else:
                 m = mask[i:i + 1, :, j:, s:end] if mask.dim() == 4 else mask[j:, s:end]
                 y[i:i + 1, :, j:] = self.attend_slots(q[i:i + 1, :, j:], self.k_cache[i:i + 1, :, s:end],
                                                       self.v_cache[i:i + 1, :, s:end], m)
