@@ -12,10 +12,9 @@ local endpoint.
     server.py    the socket, uvicorn, and the signals that end it
 
 Concurrency: one worker thread owns the model; requests wait in a bounded queue (full: 429) in arrival
-order. By default it generates for one request at a time, because the runner's batched decode does not keep
-a row's bits: on the CPU the logits of a left-padded row (a prompt beside a longer one) differ from the row
-alone in the last bits (rows of the batch's longest length keep them), so a near tie could change a token.
-Served one at a time, a greedy reply is the text ``anyfp4 generate`` prints for the same prompt and
+order. By default it generates for one request at a time, because a batched row keeps its bits only where
+every layer computes it as alone (README, "Concurrency": not the CPU's dense layers, e.g. a bf16 lm_head, nor
+the GPU's default cuBLAS prefill), and a last-bit difference at a near tie changes a token. Served one at a time, a greedy reply is the text ``anyfp4 generate`` prints for the same prompt and
 max_tokens, however many clients there are. ``--max-batch N`` trades that for throughput: greedy requests
 that wait together run as one batched generation (worker.py says which may share one). A client that
 disconnects cancels its request: a queued one is dropped, a running one stops at its next token.
