@@ -15,6 +15,8 @@
 #                                            # batch and `bench --batch 16` (needs the serve extra's wheels)
 #   bash benchmarks/gpu_session.sh early     # every kernel of a step launched early: its GPU tests, then bench with
 #                                            # ANYFP4_EARLY_LAUNCH=1 / 0 (and BEFORE=DIR: a src/ tree to compare)
+#   bash benchmarks/gpu_session.sh batch     # a left-padded batch's rows against each prompt alone (probes/batch_rows.py),
+#                                            # its GPU tests, and with TOKENIZER=DIR the serve stage (chunked prefill)
 #   bash benchmarks/gpu_session.sh chain     # a dependent kernel chain's floor, and the decode kernel's chain with
 #                                            # parts of its source cut out (probes/chain_floor.py, chain_anatomy.py)
 # Each step has its own time limit so one slow step cannot eat the whole lease.
@@ -124,12 +126,21 @@ early)
     if [ -n "${BEFORE:-}" ]; then PYTHONPATH="$BEFORE" bench bench_llama8b_nvfp4_before --format nvfp4; fi
     bench bench_llama8b_nvfp4_early_again --format nvfp4
     ;;
+batch)
+    # a left-padded batch's rows against each prompt alone: module by module (prefill and eager decode steps), the
+    # texts, the GPU tests that ask it, then anyfp4 serve --max-batch 16 (needs TOKENIZER and the serve wheels)
+    timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/runtime/test_cuda_graph.py \
+        tests/kernels/glue/test_small_attention.py -k "left_padded or key_start" 2>&1 | tail -4 | tee "$OUT/pytest_batch.txt"
+    ANYFP4_PREFILL=chunked timeout 200 python3 benchmarks/probes/batch_rows.py --out "$OUT/batch_rows_chunked.json" \
+        2>&1 | grep -v Warn | tail -3 | cut -c1-2000
+    if [ -n "${TOKENIZER:-}" ]; then ANYFP4_PREFILL=chunked bash "$0" serve; fi
+    ;;
 chain)
     timeout 120 python3 benchmarks/probes/chain_floor.py --out "$OUT/chain_floor.json" 2>&1 | tail -20
     timeout 420 python3 benchmarks/probes/chain_anatomy.py --out "$OUT/chain_anatomy.json" 2>&1 | grep -v Warn \
         | cut -c1-160 | tail -60
     ;;
 *)
-    echo "unknown stage $stage (check, older, check2, kernels, bench, sweep, runner, tp, hybrid, serve, early, chain)"; exit 2
+    echo "unknown stage $stage (check, older, check2, kernels, bench, sweep, runner, tp, hybrid, serve, early, batch, chain)"; exit 2
     ;;
 esac
