@@ -99,10 +99,13 @@ class FP8Linear(nn.Module):
 
 class DenseLinear(nn.Module):
     """cuBLAS; on a GPU a call of at most ``DECODE_ROWS`` rows runs on exactly ``DECODE_ROWS`` rows (zero
-    padded), or for a layer of at most ``SMALL_DENSE_OUTPUTS`` outputs through one Triton GEMV launch. cuBLAS picks its kernel, and so each row's summation order, by shape: one shape for every
-    small step makes a row's output independent of how many rows share the step (a one-token decode
-    step and a speculative verify pass give the same bits). At <= 32 rows the GEMM reads the weight
-    once either way, so the padding costs ~1-3% of the layer (H200, benchmarks/NOTES.md)."""
+    padded), or for a layer of at most ``SMALL_DENSE_OUTPUTS`` outputs through one Triton GEMV launch. cuBLAS picks
+    its kernel, and so each row's summation order, by shape: one shape for every small step makes a row's output
+    independent of how many rows share the step (a one-token decode step and a speculative verify pass give the
+    same bits). At <= 32 rows the GEMM reads the weight once either way, so the padding costs ~1-3% of the layer
+    (H200, benchmarks/NOTES.md). On the CPU such calls run the C kernels' dense rows (``kernels.cpu``: one fixed
+    order of sums per row; torch's float32 GEMM sums a row in another order for another row count), where they
+    are built; larger calls stay torch's."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, device, dtype):
         super().__init__()
@@ -118,7 +121,24 @@ class DenseLinear(nn.Module):
         if x.is_cuda and 0 < rows <= DECODE_ROWS:
             padded = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, DECODE_ROWS - rows))
             return F.linear(padded, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)
+        if x.device.type == "cpu" and 0 < rows <= DECODE_ROWS and not torch.compiler.is_compiling():
+            y = self._cpu_rows(x.reshape(rows, x.shape[-1]))
+            if y is not None:
+                return y.reshape(*x.shape[:-1], -1)
         return F.linear(x, self.weight, self.bias)
+
+    def _cpu_rows(self, x2: torch.Tensor) -> torch.Tensor | None:
+        """``F.linear`` of a few rows by the C kernels' dense rows, rounded to x's dtype; None where they are not
+        built or do not take this weight (torch's then)."""
+        from ..kernels.cpu.linear import W_DTYPES, dense_rows, library
+
+        lib = library()
+        if lib is None or self.weight.dtype not in W_DTYPES or self.weight.stride(-1) != 1:
+            return None
+        y = dense_rows(lib, x2, self.weight)
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x2.dtype)
 
     def scale_partial(self, total: torch.Tensor) -> torch.Tensor:
         return total

@@ -300,3 +300,45 @@ def test_bf16_rows_do_not_depend_on_the_call(fmt, monkeypatch):
     alone = torch.cat([run(x[i:i + 1]) for i in range(33)])
     for m in (2, 6, 8, 9, 33):
         assert torch.equal(run(x[:m]), alone[:m]), m
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_dense_rows_match_reference_and_do_not_depend_on_the_call(tmp_path, monkeypatch, portable, wdtype):
+    """Dense weights (an unquantized lm_head) through the C kernels, AVX-512 and plain C, k not a multiple of the
+    lanes, x float32 / bf16 / strided: the float64 product to float32 rounding, and a row alone gives the bits it
+    gives inside any batch and with one thread or several (torch's float32 GEMM does not: its row sums change
+    order with the row count)."""
+    lib = cpu_linear.open_library(cpu_linear._build(cpu_linear._compiler(), tmp_path, ("-DWEIGHT_CPU_PORTABLE",))) \
+        if portable else cpu_linear.library()
+    gen = torch.Generator().manual_seed(17)
+    n, k = 1030, 1000 + 7
+    w = torch.randn(n, k, generator=gen).to(wdtype)
+    x = torch.randn(40, 2 * k, generator=gen)[:, ::2]  # strided along k: copied to unit stride for the C code
+    ref = x.double() @ w.double().t()
+    y = cpu_linear.dense_rows(lib, x, w)
+    close(y, ref)
+    close(cpu_linear.dense_rows(lib, x.bfloat16(), w), x.bfloat16().double() @ w.double().t())
+    monkeypatch.setattr(cpu_linear, "MIN_THREAD_WORK", 1 << 12)
+    monkeypatch.setattr(cpu_linear, "threads", lambda: 4)
+    alone = torch.cat([cpu_linear.dense_rows(lib, x[i:i + 1], w) for i in range(40)])
+    for m in (2, 3, 7, 8, 9, 33, 40):
+        assert torch.equal(cpu_linear.dense_rows(lib, x[:m], w), alone[:m]), m
+    assert torch.equal(y, alone)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        cpu_linear.dense_rows(lib, x, w.half())
+
+
+def test_dense_linear_takes_the_c_rows_on_the_cpu():
+    """``DenseLinear`` on the CPU: <= DECODE_ROWS rows by the C kernels (bias added, x's dtype out), more by torch."""
+    from anyfp4.nn.linear import DenseLinear
+
+    gen = torch.Generator().manual_seed(19)
+    w, b = torch.randn(300, 96, generator=gen), torch.randn(300, generator=gen)
+    lin = DenseLinear(w, b, "cpu", torch.float32)
+    x = torch.randn(2, 5, 96, generator=gen)
+    y = lin(x)
+    assert y.shape == (2, 5, 300) and y.dtype == torch.float32
+    assert torch.equal(y.reshape(10, 300), cpu_linear.dense_rows(cpu_linear.library(), x.reshape(10, 96), w) + b)
+    big = torch.randn(40, 96, generator=gen)
+    assert torch.equal(lin(big), torch.nn.functional.linear(big, w, b))

@@ -100,7 +100,8 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.nvfp4_linear_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64, i64, i64, i64, i64, i64,
                                       i64, i64, f32, ptr, i64]
     lib.fp8_linear_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, i64]
-    lib.nvfp4_linear_rows.restype = lib.fp8_linear_rows.restype = ctypes.c_int
+    lib.dense_linear_rows.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, i64, i64, ptr, i64]
+    lib.nvfp4_linear_rows.restype = lib.fp8_linear_rows.restype = lib.dense_linear_rows.restype = ctypes.c_int
     lib.weight_cpu_features.argtypes, lib.weight_cpu_features.restype = [], ctypes.c_int64
     return lib
 
@@ -294,6 +295,25 @@ def fp8_rows(lib, x2: torch.Tensor, w: FP8Prepacked, row_starts: tuple[int, ...]
     _run_split(lambda n0, n1: _checked(lib.fp8_linear_rows(*args, n0, n1, y.data_ptr(), y.shape[1])),
                [(s, s + w.out_features) for s in row_starts], m * w.in_features)
     return joined(y, row_starts, w.out_features)
+
+
+# a dense weight's dtypes as weight_cpu.c's W_FLOAT32 / W_BFLOAT16
+W_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def dense_rows(lib, x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """float32 (M, N): ``x @ W^T`` for a dense float32 / bf16 weight (N, K), each row one fixed sequence of sums
+    (weight_cpu.c), so its bits do not depend on M."""
+    if weight.dtype not in W_DTYPES or weight.stride(1) != 1:
+        raise ValueError(f"dense_rows: the weight must be float32 or bfloat16 with unit stride along k, got "
+                         f"{weight.dtype} strides {weight.stride()}")
+    m, k = x2.shape
+    x2, x_dtype = _activations(x2)
+    n = weight.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32)
+    args = (weight.data_ptr(), W_DTYPES[weight.dtype], weight.stride(0), x2.data_ptr(), x_dtype, x2.stride(0), k, m)
+    _run_split(lambda n0, n1: _checked(lib.dense_linear_rows(*args, n0, n1, y.data_ptr(), n)), [(0, n)], m * k)
+    return y
 
 
 def linear_on_rows(x: torch.Tensor, w: NVFP4Prepacked | FP8Prepacked, bias: torch.Tensor | None, partial: bool,

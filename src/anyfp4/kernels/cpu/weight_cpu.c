@@ -514,3 +514,73 @@ int fp8_linear_rows(const uint32_t *codes, const float *row_scale, const void *x
     free(x_perm);
     return 0;
 }
+
+/* Dense weights (float32 or bfloat16, row-major at row stride ldw) for the layers a checkpoint leaves unquantized
+   (an lm_head): y[m, n] = sum_k x[m, k] w[n, k] for output rows [n0, n1) and every row of x. Each output is one
+   fixed sequence: TILE_WORDS lanes, lane j adding x * w at k = j, j + TILE_WORDS, .. in k order from zero (zero
+   past K), then the lanes added by halving. So a row's bits do not depend on M, where a BLAS GEMM picks its
+   kernel, and with it the order of a row's sums, by M. A weight row is read once for up to 8 rows of x. */
+enum { W_FLOAT32 = 0, W_BFLOAT16 = 1 };
+
+/* x (rows, k) at row stride ldx -> a new float32 (rows, kp) copy, zero past k; NULL if out of memory */
+static float *widened(const void *x, int dtype, int64_t ldx, int64_t rows, int64_t k, int64_t kp) {
+    float *xf = malloc((size_t)(rows * kp + 1) * sizeof(float));
+    if (!xf) return NULL;
+    for (int64_t m = 0; m < rows; m++)
+        for (int64_t i = 0; i < kp; i++) xf[m * kp + i] = i < k ? x_value(x, dtype, m * ldx + i) : 0.0f;
+    return xf;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && TILE_WORDS == 16 && \
+    !defined(WEIGHT_CPU_PORTABLE)
+static inline __m512 dense_weights(const void *w, int64_t w_dtype, int64_t at, int64_t left) {
+    const __mmask16 live = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+    if (w_dtype == W_BFLOAT16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, (const uint16_t *)w + at)), 16));
+    return _mm512_maskz_loadu_ps(live, (const float *)w + at);
+}
+
+static void dense_rows(const void *w, int64_t w_dtype, int64_t ldw, const float *xf, int64_t k, int64_t kp,
+                       int64_t rows, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t m0 = 0; m0 < rows; m0 += 8) {
+            const int mb = rows - m0 < 8 ? (int)(rows - m0) : 8;
+            __m512 acc[8];
+            for (int m = 0; m < mb; m++) acc[m] = _mm512_setzero_ps();
+            for (int64_t i = 0; i < kp; i += 16) {
+                const __m512 wv = dense_weights(w, w_dtype, n * ldw + i, k - i);
+                for (int m = 0; m < mb; m++)
+                    acc[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xf + (m0 + m) * kp + i), acc[m]);
+            }
+            store_rows(acc, mb, 1.0f, y + m0 * ldy + n, ldy);
+        }
+}
+#else
+static void dense_rows(const void *w, int64_t w_dtype, int64_t ldw, const float *xf, int64_t k, int64_t kp,
+                       int64_t rows, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t m = 0; m < rows; m++) {
+            float acc[TILE_WORDS];
+            memset(acc, 0, sizeof acc);
+            for (int64_t i = 0; i < kp; i += TILE_WORDS)
+                for (int j = 0; j < TILE_WORDS; j++) {
+                    const int64_t kk = i + j;
+                    const float wv = kk >= k ? 0.0f : w_dtype == W_BFLOAT16
+                        ? as_float((uint32_t)((const uint16_t *)w)[n * ldw + kk] << 16) : ((const float *)w)[n * ldw + kk];
+                    acc[j] += wv * xf[m * kp + kk];
+                }
+            y[m * ldy + n] = halving_sum(acc);
+        }
+}
+#endif
+
+int dense_linear_rows(const void *w, int64_t w_dtype, int64_t ldw, const void *x, int64_t x_dtype, int64_t ldx,
+                      int64_t k, int64_t rows, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    const int64_t kp = (k + TILE_WORDS - 1) / TILE_WORDS * TILE_WORDS;
+    float *xf = widened(x, (int)x_dtype, ldx, rows, k, kp);
+    if (!xf) return -1;
+    dense_rows(w, w_dtype, ldw, xf, k, kp, rows, n0, n1, y, ldy);
+    free(xf);
+    return 0;
+}
