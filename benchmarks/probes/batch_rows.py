@@ -14,26 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from contextlib import contextmanager
 
 import torch
 
 from anyfp4.bench.random_model import random_model
-from anyfp4.runtime.generate import SamplingParams, generate
+from anyfp4.runtime.generate import SamplingParams, generate, left_padded
 
 
-def prefill_outputs(model, prompts):
-    """Each module's output of a left-padded prefill of ``prompts``, as ``generate`` lays it out: name -> (b, t, ...)."""
-    dev = model.device
-    b, longest = len(prompts), max(len(p) for p in prompts)
-    slots = longest + 8
-    model.setup_caches(b, slots)
-    tokens = torch.zeros(b, longest, dtype=torch.long, device=dev)
-    valid = torch.zeros(b, slots, dtype=torch.bool, device=dev)
-    for i, p in enumerate(prompts):
-        tokens[i, longest - len(p):] = torch.tensor(p, device=dev)
-        valid[i, longest - len(p):] = True
-    padded = not bool(valid[:, :longest].all())
-    rope = (valid[:, :longest].long().cumsum(-1) - 1).clamp(min=0)
+@contextmanager
+def recorded(model):
+    """name -> each module's output (the first of a tuple), filled by the forwards run inside."""
     seen, handles = {}, []
     for name, module in model.named_modules():
         if name:
@@ -43,49 +34,40 @@ def prefill_outputs(model, prompts):
                     seen[name] = out.detach().clone()
             handles.append(module.register_forward_hook(hook))
     try:
-        with torch.no_grad():
-            seen["logits"] = model(tokens, torch.arange(longest, device=dev), rope if padded else None,
-                                   valid if padded else None)
+        yield seen
     finally:
         for h in handles:
             h.remove()
+
+
+def prefill_outputs(model, prompts):
+    """Each module's output of a left-padded prefill of ``prompts``, as ``generate`` lays it out: name -> (b, t, ...)."""
+    dev, longest = model.device, max(len(p) for p in prompts)
+    slots = longest + 8
+    model.setup_caches(len(prompts), slots)
+    tokens, valid, rope, padded = left_padded(prompts, slots, dev)
+    with torch.no_grad(), recorded(model) as seen:
+        seen["logits"] = model(tokens, torch.arange(longest, device=dev), rope if padded else None,
+                               valid if padded else None)
     return seen
 
 
 def step_outputs(model, prompts, steps):
     """Each module's output at each of ``steps`` eager greedy decode steps after a left-padded prefill laid out as
     ``generate`` lays it out: list (per step) of name -> (b, 1, ...)."""
-    dev = model.device
-    b, longest = len(prompts), max(len(p) for p in prompts)
+    dev, longest = model.device, max(len(p) for p in prompts)
     slots = longest + steps + 8
-    model.setup_caches(b, slots)
-    tokens = torch.zeros(b, longest, dtype=torch.long, device=dev)
-    valid = torch.zeros(b, slots, dtype=torch.bool, device=dev)
-    for i, p in enumerate(prompts):
-        tokens[i, longest - len(p):] = torch.tensor(p, device=dev)
-        valid[i, longest - len(p):] = True
-    rope = (valid[:, :longest].long().cumsum(-1) - 1).clamp(min=0)
-    padded = not bool(valid[:, :longest].all())
+    model.setup_caches(len(prompts), slots)
+    tokens, valid, rope, padded = left_padded(prompts, slots, dev)
     out = []
     with torch.no_grad():
         logits = model(tokens, torch.arange(longest, device=dev), rope if padded else None,
                        valid if padded else None, last=True)
         for step in range(steps):
-            seen, handles = {}, []
-            for name, module in model.named_modules():
-                if name:
-                    def hook(_m, _i, o, name=name):
-                        o = o[0] if isinstance(o, tuple) else o
-                        if isinstance(o, torch.Tensor) and o.dim() >= 2:
-                            seen[name] = o.detach().clone()
-                    handles.append(module.register_forward_hook(hook))
             valid[:, longest + step] = True
-            try:
+            with recorded(model) as seen:
                 logits = model(logits[:, -1].argmax(-1)[:, None], torch.tensor([longest + step], device=dev),
                                rope[:, -1:] + 1 + step if padded else None, valid if padded else None)
-            finally:
-                for h in handles:
-                    h.remove()
             seen["logits"] = logits
             out.append(seen)
     return out

@@ -5,7 +5,7 @@ import torch
 
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
 from anyfp4.cli import main
-from anyfp4.runtime.generate import SamplingParams, generate
+from anyfp4.runtime.generate import SamplingParams, generate, left_padded
 from anyfp4.runtime.loader import load_model
 from helpers import TINY_LLAMA, edit_json, write_float_checkpoint, write_runnable_checkpoint
 
@@ -50,15 +50,10 @@ def test_left_padded_batch_equals_single_runs(model):
 def padded_steps(model, prompts, steps):
     """Each row's logits and final-norm output (what the head reads) after its prompt and after each of ``steps``
     greedy tokens, in one left-padded batch laid out as ``generate`` lays it out."""
-    b, longest = len(prompts), max(len(p) for p in prompts)
+    longest = max(len(p) for p in prompts)
     slots = longest + steps + 5  # longer than alone: the cache past a row's last position is not read
-    model.setup_caches(b, slots)
-    tokens = torch.zeros(b, longest, dtype=torch.long)
-    valid = torch.zeros(b, slots, dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        tokens[i, longest - len(p):] = torch.tensor(p)
-        valid[i, longest - len(p):] = True
-    rope = (valid[:, :longest].long().cumsum(-1) - 1).clamp(min=0)
+    model.setup_caches(len(prompts), slots)
+    tokens, valid, rope, _ = left_padded(prompts, slots, "cpu")
     out = []
     with torch.no_grad():
         logits, hidden = model(tokens, torch.arange(longest), rope, valid, hidden=True, last=True)

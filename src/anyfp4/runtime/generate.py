@@ -125,6 +125,21 @@ def compiled_decode_step(model: Transformer) -> Callable:
     return _COMPILED[model]
 
 
+def left_padded(prompts: Sequence[Sequence[int]], slots: int, device) -> tuple[torch.Tensor, torch.Tensor,
+                                                                               torch.Tensor, bool]:
+    """A batch of prompts as ``generate`` lays it out in a cache of ``slots``: (tokens (b, longest), left-padded
+    with 0; key_valid (b, slots), True on each prompt's slots; rope positions (b, longest), each prompt's own,
+    0 on padding; whether any prompt is padded)."""
+    b, longest = len(prompts), max(len(p) for p in prompts)
+    tokens = torch.zeros(b, longest, dtype=torch.long, device=device)
+    valid = torch.zeros(b, slots, dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        tokens[i, longest - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        valid[i, longest - len(p):] = True
+    rope = (valid[:, :longest].long().cumsum(-1) - 1).clamp(min=0)
+    return tokens, valid, rope, not bool(valid[:, :longest].all())
+
+
 @torch.no_grad()
 def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: SamplingParams,
              on_tokens: Callable[[list[int]], None] | None = None, compile_decode: bool = False) -> list[list[int]]:
@@ -141,13 +156,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
     check_context(longest, params.max_new_tokens, limit)
     slots = cache_slots(model, longest, params.max_new_tokens)
     model.setup_caches(b, slots)
-    tokens = torch.zeros(b, longest, dtype=torch.long, device=device)
-    valid = torch.zeros(b, slots, dtype=torch.bool, device=device)
-    for i, p in enumerate(prompts):
-        tokens[i, longest - len(p):] = torch.tensor(list(p), dtype=torch.long)
-        valid[i, longest - len(p):] = True
-    padded = not bool(valid[:, :longest].all())
-    rope = (valid[:, :longest].long().cumsum(-1) - 1).clamp(min=0)
+    tokens, valid, rope, padded = left_padded(prompts, slots, device)
     generator = None
     if params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)

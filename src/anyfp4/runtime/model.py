@@ -135,7 +135,7 @@ class Attention(nn.Module):
         starts = [0] * q.shape[0] if key_start is None else key_start.tolist()
         if not any(starts):
             return self.attend_slots(q, self.k_cache[:, :, :end], self.v_cache[:, :, :end], mask[..., :end])
-        y = q.new_zeros(q.shape)  # a padding position sees no key
+        y = q.new_zeros(q.shape)  # a padding position sees no key; with a start the mask is (b, 1, t, S)
         first = int(input_pos[0])
         for i, s in enumerate(starts):
             j = max(0, min(s - first, q.shape[2]))  # the row's first position at or past its first valid slot
@@ -146,9 +146,8 @@ class Attention(nn.Module):
                     q[i:i + 1, :, j:], self.k_cache[i:i + 1], self.v_cache[i:i + 1], mask[i:i + 1, :, j:],
                     input_pos[j:], key_start[i:i + 1]).transpose(1, 2)
             else:
-                m = mask[i:i + 1, :, j:, s:end] if mask.dim() == 4 else mask[j:, s:end]
                 y[i:i + 1, :, j:] = self.attend_slots(q[i:i + 1, :, j:], self.k_cache[i:i + 1, :, s:end],
-                                                      self.v_cache[i:i + 1, :, s:end], m)
+                                                      self.v_cache[i:i + 1, :, s:end], mask[i:i + 1, :, j:, s:end])
         return y
 
     def attend_slots(self, q, k, v, mask):
