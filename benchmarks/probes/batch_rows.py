@@ -19,7 +19,8 @@ from contextlib import contextmanager
 import torch
 
 from anyfp4.bench.random_model import random_model
-from anyfp4.runtime.generate import SamplingParams, generate, left_padded
+import anyfp4.runtime.generate as generation
+from anyfp4.runtime.generate import SamplingParams, decode_step, generate, left_padded
 
 
 @contextmanager
@@ -43,7 +44,7 @@ def recorded(model):
 def prefill_outputs(model, prompts):
     """Each module's output of a left-padded prefill of ``prompts``, as ``generate`` lays it out: name -> (b, t, ...)."""
     dev, longest = model.device, max(len(p) for p in prompts)
-    slots = longest + 8
+    slots = generation.cache_slots(model, longest, 8)
     model.setup_caches(len(prompts), slots)
     tokens, valid, rope, padded = left_padded(prompts, slots, dev)
     with torch.no_grad(), recorded(model) as seen:
@@ -56,7 +57,7 @@ def step_outputs(model, prompts, steps):
     """Each module's output at each of ``steps`` eager greedy decode steps after a left-padded prefill laid out as
     ``generate`` lays it out: list (per step) of name -> (b, 1, ...)."""
     dev, longest = model.device, max(len(p) for p in prompts)
-    slots = longest + steps + 8
+    slots = generation.cache_slots(model, longest, steps)
     model.setup_caches(len(prompts), slots)
     tokens, valid, rope, padded = left_padded(prompts, slots, dev)
     out = []
@@ -71,6 +72,48 @@ def step_outputs(model, prompts, steps):
             seen["logits"] = logits
             out.append(seen)
     return out
+
+
+def step_logits(model, prompts, steps, step_fn):
+    """Logits of ``steps`` greedy decode steps after a left-padded prefill (cache slots as ``generate`` allocates
+    them), each step run by ``step_fn`` (the model: eager; ``decode_step(model)``: a CUDA graph)."""
+    dev, longest = model.device, max(len(p) for p in prompts)
+    slots = generation.cache_slots(model, longest, steps)
+    model.setup_caches(len(prompts), slots)
+    tokens, valid, rope, padded = left_padded(prompts, slots, dev)
+    out = []
+    with torch.no_grad():
+        logits = model(tokens, torch.arange(longest, device=dev), rope if padded else None,
+                       valid if padded else None, last=True)
+        for step in range(steps):
+            valid[:, longest + step] = True
+            logits = step_fn(logits[:, -1].argmax(-1)[:, None], torch.tensor([longest + step], device=dev),
+                             rope[:, -1:] + 1 + step if padded else None, valid if padded else None).clone()
+            out.append(logits)
+    return out
+
+
+def first_step_differing(a_steps, a_row, b_steps, b_row):
+    for k, (a, b) in enumerate(zip(a_steps, b_steps)):
+        if not torch.equal(a[a_row], b[b_row]):
+            return {"step": k, "max_abs": float((a[a_row] - b[b_row]).abs().max())}
+    return None
+
+
+def graphed_against_eager(model, prompts, steps):
+    """Per row: the first decode step whose logits differ between graphed batch / eager batch / graphed alone /
+    eager alone (the eager pair is what ``step_outputs`` compares module by module)."""
+    graphed = decode_step(model)
+    batch = {"graphed": step_logits(model, prompts, steps, graphed),
+             "eager": step_logits(model, prompts, steps, model)}
+    rows = []
+    for i, p in enumerate(prompts):
+        alone = {"graphed": step_logits(model, [p], steps, graphed), "eager": step_logits(model, [p], steps, model)}
+        rows.append({"batch_graphed_vs_eager": first_step_differing(batch["graphed"], i, batch["eager"], i),
+                     "alone_graphed_vs_eager": first_step_differing(alone["graphed"], 0, alone["eager"], 0),
+                     "graphed_batch_vs_alone": first_step_differing(batch["graphed"], i, alone["graphed"], 0),
+                     "eager_batch_vs_alone": first_step_differing(batch["eager"], i, alone["eager"], 0)})
+    return rows
 
 
 def first_difference(batch, alone, row, length):
@@ -95,6 +138,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--device", default="cuda", help="cuda, or cpu (float32) for a quick check of the script")
     ap.add_argument("--out", default="batch_rows.json")
+    ap.add_argument("--graphs-only", action="store_true",
+                    help="only the mixed lengths' decode-step logits, CUDA graph against eager")
     args = ap.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -107,6 +152,12 @@ def main() -> None:
              "equal_lengths": [torch.randint(0, vocab, (48,), generator=gen).tolist() for _ in range(6)],
              "equal_lengths_16": [torch.randint(0, vocab, (48,), generator=gen).tolist() for _ in range(16)]}
     params = SamplingParams(max_new_tokens=args.new_tokens)
+    if device.type == "cuda":
+        rows = graphed_against_eager(model, cases["mixed_lengths"], 8)
+        report["graphed_against_eager"] = rows
+        print("graphed_against_eager", json.dumps(rows))
+    if args.graphs_only:
+        cases = {"mixed_lengths": cases["mixed_lengths"]}
     for case, prompts in cases.items():
         batch = prefill_outputs(model, prompts)
         rows = []
