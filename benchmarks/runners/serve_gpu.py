@@ -21,8 +21,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve_load.py beside this script
@@ -71,19 +71,20 @@ def concurrent_round(port: int, asked: list[str], max_tokens: int) -> tuple[list
     return results, time.perf_counter() - t0
 
 
-def runner_batch_rate(session, asked: list[str], max_tokens: int) -> float:
-    """The runner's decode tok/s for ``asked`` as one batch, in-process: rows x (steps - 1) over the time from
-    the first step's tokens to the last's; the second of two runs (the first captures)."""
+def runner_batch(session, asked: list[str], max_tokens: int) -> tuple[float, float]:
+    """The runner's generation of ``asked`` as one batch, in-process, the second of two runs (the first
+    captures): (decode tok/s: rows x (steps - 1) over the time from the first step's tokens to the last's;
+    seconds from the call to the first tokens)."""
     from anyfp4.runtime.generate import SamplingParams, generate
 
     ids = [session.encode_chat([{"role": "user", "content": p}]) for p in asked]
     params = SamplingParams(max_new_tokens=max_tokens)
-    rate = 0.0
+    rate = first = 0.0
     for _ in range(2):
-        stamps = []
+        stamps, t0 = [], time.perf_counter()
         generate(session.model, ids, params, on_tokens=lambda _: stamps.append(time.perf_counter()))
-        rate = len(ids) * (len(stamps) - 1) / (stamps[-1] - stamps[0])
-    return rate
+        rate, first = len(ids) * (len(stamps) - 1) / (stamps[-1] - stamps[0]), stamps[0] - t0
+    return rate, first
 
 
 def main() -> None:
@@ -118,9 +119,11 @@ def main() -> None:
         alone = [stream_chat(port, p, args.max_tokens) for p in asked]
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as clients:
             clients.submit(concurrent_round, port, asked, args.max_tokens).result()  # captures the batch's graphs
-            before = Counter(worker.generations)
+            time.sleep(0.5)  # a generation is recorded once it returns, just after its clients have their replies
+            first_round = list(worker.records)[len(asked):]
             together, wall = clients.submit(concurrent_round, port, asked, args.max_tokens).result()
-            timed_generations = dict(worker.generations - before)
+            time.sleep(0.5)
+            timed_round = list(worker.records)[len(asked) + len(first_round):]
     finally:
         stop()
     ok = [r.get("status") == 200 and r.get("done") and r.get("finish") == "length" for r in alone + together]
@@ -131,12 +134,15 @@ def main() -> None:
         "commit": args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                                 text=True).stdout.strip(),
         "model": f"random:{args.arch}:{args.format}", "clients": args.clients, "max_tokens": args.max_tokens,
-        "all_completed": all(ok), "timed_round_generations_by_size": timed_generations, "same_as_alone": sum(a.get("text") == b.get("text") for a, b in zip(alone, together)),
+        "all_completed": all(ok), "same_as_alone": sum(a.get("text") == b.get("text") for a, b in zip(alone, together)),
+        "first_round_generations": [asdict(r) for r in first_round],
+        "timed_round_generations": [asdict(r) for r in timed_round],
         "completion_tokens": tokens, "wall_s": wall, "aggregate_tok_s": tokens / wall,
         "first_text_p50_s": sorted(r["first_s"] for r in together)[len(together) // 2],
         "one_client_decode_tok_s": sorted(alone_rates)[len(alone_rates) // 2],
-        "runner_batch_decode_tok_s": runner_batch_rate(session, asked, args.max_tokens),
     }
+    report["runner_batch_decode_tok_s"], report["runner_batch_first_tokens_s"] = runner_batch(session, asked,
+                                                                                             args.max_tokens)
     if args.bench:
         del session, model
         torch.cuda.empty_cache()

@@ -145,8 +145,8 @@ def support_kernels_compile(cc):
         merge_sig = {"part_ptr": "*fp32", "stat_ptr": "*fp32", "pos_ptr": "*i64", "start_ptr": "*i64",
                      "out_ptr": f"*{act}",
                      **{n: "i32" for n in ("T", "G", "KVH", "HD", "SEG", "NSEG", "so_b", "so_t", "so_h")}}
-        for block_d, has_start in ((64, False), (128, True)):
-            flags = {"HAS_START": has_start, "EARLY": early}
+        for block_d in (64, 128):
+            flags = {"EARLY": early}
             compile_for(small_attention_kernel, attn_sig, {"BLOCK_D": block_d, "INTERPRET": False, **flags}, cc)
             compile_for(small_attention_merge_kernel, merge_sig, {"BLOCK_D": block_d, "BLOCK_S": 64, **flags}, cc)
         rope_sig = {**{n: f"*{act}" for n in ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "kc_ptr", "vc_ptr")},

@@ -247,6 +247,8 @@ class Transformer(nn.Module):
         """
         x = F.embedding(tokens, self.embed)
         cos, sin, mask, key_start = self.positions(input_pos, rope_pos, key_valid, self.max_seq)
+        if key_start is None:  # one fill per forward, not one per attention call
+            key_start = torch.zeros(tokens.shape[0], dtype=torch.int64, device=tokens.device)
         delta = None
         for blk in self.blocks:
             x, delta = blk(x, delta, cos, sin, mask, input_pos, key_start)

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, replace
 
 import torch
@@ -36,6 +36,7 @@ from .text import ReplyText
 LOG = logging.getLogger("anyfp4.serve")
 GATHER_QUIET_SECONDS = 0.02  # a batch being gathered closes once no request came for this long,
 GATHER_MAX_SECONDS = 0.25  # or this long after its first was taken
+RECORDS_KEPT = 256  # GenerationRecords kept (a server's recent history, for logs and measurements)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,16 @@ class Failed:
     status: int
     message: str
     code: str
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """One generation the worker ran: its requests, how long it gathered them (from taking the first), how long
+    from its start to the first tokens (the prefill, and a first decode step's graph capture), and in all."""
+    size: int
+    gather_s: float
+    first_tokens_s: float
+    total_s: float
 
 
 @dataclass(frozen=True)
@@ -143,7 +154,8 @@ class GenerationWorker:
         self._arrived = 0  # jobs submitted so far: whether one came while a batch was gathered
         self._changed = threading.Condition()  # guards _jobs and _closed; notified when either changes
         self._thread: threading.Thread | None = None
-        self.generations: Counter[int] = Counter()  # generations run so far, by their number of requests
+        self.records: deque[GenerationRecord] = deque(maxlen=RECORDS_KEPT)  # the latest generations, oldest first
+        self._gather_s = 0.0  # how long the batch _take returned last was gathered
 
     # -- the tokenizer, under its lock --------------------------------------------------------------------
 
@@ -219,9 +231,11 @@ class GenerationWorker:
             if not self._jobs:
                 return None
             batch = [self._jobs.popleft()]
+            self._gather_s = 0.0
             if self.max_batch == 1 or batch[0].params.temperature != 0:
                 return batch
-            deadline = time.monotonic() + GATHER_MAX_SECONDS
+            taken = time.monotonic()
+            deadline = taken + GATHER_MAX_SECONDS
             while len(self._jobs) < self.max_batch - 1 and not self._closed and not self.stopping:
                 wait, arrived = min(GATHER_QUIET_SECONDS, deadline - time.monotonic()), self._arrived
                 if wait <= 0:
@@ -235,6 +249,7 @@ class GenerationWorker:
                 if not job.cancelled and self._shares(batch, job):
                     self._jobs.remove(job)
                     batch.append(job)
+            self._gather_s = time.monotonic() - taken
             return batch
 
     def _run(self) -> None:
@@ -251,11 +266,13 @@ class GenerationWorker:
                 self._generate(batch)
 
     def _generate(self, batch: list[Job]) -> None:
-        self.generations[len(batch)] += 1
         rows = [_Row(job, self._reply_text) for job in batch]
+        start, first_tokens = time.monotonic(), []
         params = replace(batch[0].params, max_new_tokens=max(job.params.max_new_tokens for job in batch))
 
         def on_tokens(step: list[int]) -> None:
+            if not first_tokens:
+                first_tokens.append(time.monotonic() - start)
             for row, token in zip(rows, step):
                 if row.ended:
                     continue
@@ -283,3 +300,7 @@ class GenerationWorker:
         for row in rows:  # every row ends at its limit at the latest: nothing is left open here
             if not row.ended:
                 row.finish("length")
+        record = GenerationRecord(len(batch), self._gather_s, first_tokens[0] if first_tokens else float("nan"),
+                                  time.monotonic() - start)
+        self.records.append(record)
+        LOG.debug("generation: %s", record)

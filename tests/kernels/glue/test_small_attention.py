@@ -122,3 +122,26 @@ def test_a_bad_key_start_is_refused(device):
     q, k, v, mask, pos = case(device, torch.float16, 2, 1, 1, 1, 32, 0, 16, seed=1)
     with pytest.raises(ValueError, match="key_start must be"):
         small_attention(q, k, v, mask, pos, key_start=torch.zeros(3, dtype=torch.long, device=device))
+
+
+@pytest.mark.parametrize("pad,t", [(7, 1), (64, 1), (13, 20)])
+def test_rows_of_a_padded_batch_get_their_bits_alone_in_aligned_caches(device, pad, t):
+    """Llama-3.1-8B's grouping (8 KV heads of 4 query heads, 128 wide) in caches of 256 slots, alone and in the
+    batch, as the runner allocates them: the batch's unpadded row (start 0) and its padded one (start ``pad``)
+    each against its prompt alone, a call without a start."""
+    n, cache, kvh, g, hd = 120, 256, 8, 4, 128
+    rows, alone = [], []
+    for i, p in enumerate((0, pad)):
+        qa, ka, va, mask_a, pos_a = case(device, torch.bfloat16, 1, kvh, g, t, hd, n - p, cache, seed=pad * 7 + i)
+        alone.append(small_attention(qa, ka, va, mask_a, pos_a))
+        k, v = torch.full_like(ka, float("nan")), torch.full_like(va, float("inf"))
+        k[:, :, p:], v[:, :, p:] = ka[:, :, :cache - p], va[:, :, :cache - p]
+        rows.append((qa, k, v))
+    q, k, v = (torch.cat(parts) for parts in zip(*rows))
+    pos = torch.arange(n, n + t, device=device)
+    valid = torch.ones(2, cache, dtype=torch.bool, device=device)
+    valid[1, :pad] = False
+    full = (torch.arange(cache, device=device)[None, :] <= pos[:, None])[None, None] & valid[:, None, None, :]
+    out = torch.full((2, t, kvh * g, hd), float("nan"), dtype=torch.bfloat16, device=device)
+    y = small_attention(q, k, v, full, pos, key_start=torch.tensor([0, pad], device=device), out=out)
+    assert torch.equal(y[0], alone[0][0]) and torch.equal(y[1], alone[1][0])

@@ -14,7 +14,9 @@ Segments are 64 keys for caches of up to 4096 slots and grow with longer caches 
 so the cache's length matters only past 4096 slots. Segments past the last visible slot do no work.
 A left-padded batch passes each sequence's first valid slot (``key_start``): its segments and chunks then begin
 there, so a padded row sums its keys in the groups the same prompt alone sums them in (slots before it are
-padding, which the mask hides anyway) and gets the bits it gets alone.
+padding, which the mask hides anyway) and gets the bits it gets alone. A call without one reads zeros: were the
+first slot a compile-time 0, the compiler could prove a mask row's chunks aligned (a cache of a multiple of 16
+slots) and load them in another layout, which sums a row in another order than a call with a start does.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def small_attention_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, pos_ptr, start_ptr, part_ptr, stat_ptr,
     T, G, KVH, HD, SEG, scale,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b, sm_t,
-    BLOCK_D: tl.constexpr, HAS_START: tl.constexpr, INTERPRET: tl.constexpr, EARLY: tl.constexpr,
+    BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr, EARLY: tl.constexpr,
 ):
     """Pass 1: one segment of keys for the 16 query heads of block rb (position rb // cdiv(G, 16)) -> part
     (16, BLOCK_D) unnormalised, stat (16, 2) max / sum."""
@@ -78,7 +80,7 @@ def small_attention_kernel(
     l_i = tl.zeros((16,), tl.float32)
     acc = tl.zeros((16, BLOCK_D), tl.float32)
     end = tl.load(pos_ptr + pos) + 1  # a causal row sees no slot past its own position
-    first = tl.load(start_ptr + b) if HAS_START else 0
+    first = tl.load(start_ptr + b)
     lo = first + seg * SEG
     hi = tl.minimum(lo + SEG, end)
     for s0 in range(lo, hi, 64):
@@ -116,7 +118,7 @@ def small_attention_kernel(
 @triton.jit
 def small_attention_merge_kernel(
     part_ptr, stat_ptr, pos_ptr, start_ptr, out_ptr, T, G, KVH, HD, SEG, NSEG, so_b, so_t, so_h,
-    BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_START: tl.constexpr, EARLY: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, EARLY: tl.constexpr,
 ):
     """Pass 2, one program per query row (the grid is exactly the G * T rows: every program stores): its
     segments merged at once — the segments no row of the call may see load as (max -1e30, sum 0, output 0),
@@ -131,7 +133,7 @@ def small_attention_merge_kernel(
     d = tl.arange(0, BLOCK_D)
     sg = tl.arange(0, BLOCK_S)
     end = tl.load(pos_ptr + pos) + 1
-    first = tl.load(start_ptr + b) if HAS_START else 0
+    first = tl.load(start_ptr + b)
     seen = sg < tl.cdiv(end - first, SEG)
     base = ((bh * T * head_blocks + rb) * NSEG + sg) * 16 + r  # (BLOCK_S,) rows of this query row
     m_s = tl.load(stat_ptr + base * 2, mask=seen, other=-1.0e30)
@@ -167,17 +169,17 @@ def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     early = early_launch_args(q.device)
     part = torch.empty(b * kvh * row_blocks * nseg * ROWS, block_d, dtype=torch.float32, device=q.device)
     stat = torch.empty(b * kvh * row_blocks * nseg * ROWS, 2, dtype=torch.float32, device=q.device)
-    has_start = key_start is not None
-    if has_start and (key_start.shape != (b,) or key_start.dtype not in (torch.int32, torch.int64)):
+    if key_start is None:  # a start is always read: one compiled variant, whatever the caller passes
+        key_start = torch.zeros(b, dtype=torch.int64, device=q.device)
+    elif key_start.shape != (b,) or key_start.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"small_attention: key_start must be ({b},) int32/int64, got {tuple(key_start.shape)} "
                          f"{key_start.dtype}")
-    start = key_start if has_start else input_pos  # not read without a start
     small_attention_kernel[(b * kvh, row_blocks, nseg)](
-        q, k, v, m, input_pos, start, part, stat, t, g, kvh, hd, seg, hd**-0.5,
+        q, k, v, m, input_pos, key_start, part, stat, t, g, kvh, hd, seg, hd**-0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), sm_b, sm_t,
-        BLOCK_D=block_d, HAS_START=has_start, INTERPRET=triton_interpret(), num_warps=4, **early)
+        BLOCK_D=block_d, INTERPRET=triton_interpret(), num_warps=4, **early)
     small_attention_merge_kernel[(b * kvh, g * t)](
-        part, stat, input_pos, start, out, t, g, kvh, hd, seg, nseg, out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_D=block_d, BLOCK_S=max(16, triton.next_power_of_2(nseg)), HAS_START=has_start, num_warps=4, **early)
+        part, stat, input_pos, key_start, out, t, g, kvh, hd, seg, nseg, out.stride(0), out.stride(1), out.stride(2),
+        BLOCK_D=block_d, BLOCK_S=max(16, triton.next_power_of_2(nseg)), num_warps=4, **early)
     return out
