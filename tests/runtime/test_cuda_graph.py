@@ -99,3 +99,44 @@ def test_a_verify_pass_gives_the_bits_of_decode_steps(fmt):
     model(prompt, torch.arange(40, device="cuda"))
     verify = step(new, torch.arange(40, 46, device="cuda"))
     assert torch.equal(verify, singles)
+
+
+def _step_logits(model, prompts, steps):
+    """The logits of ``steps`` eager greedy decode steps after a left-padded prefill of ``prompts``, laid out as
+    ``generate`` lays them out (its cache slots): (steps, b, vocab)."""
+    from anyfp4.runtime.generate import cache_slots, left_padded
+
+    longest = max(len(p) for p in prompts)
+    slots = cache_slots(model, longest, steps)
+    model.setup_caches(len(prompts), slots)
+    tokens, valid, rope, padded = left_padded(prompts, slots, model.device)
+    logits = model(tokens, torch.arange(longest, device="cuda"), rope if padded else None,
+                   valid if padded else None, last=True)
+    out = []
+    for step in range(steps):
+        valid[:, longest + step] = True
+        logits = model(logits[:, -1].argmax(-1)[:, None], torch.tensor([longest + step], device="cuda"),
+                       rope[:, -1:] + 1 + step if padded else None, valid if padded else None)
+        out.append(logits[:, -1].clone())
+    return torch.stack(out)
+
+
+@gpu
+def test_llama_shaped_padded_rows_decode_as_alone(monkeypatch):
+    """Llama-3.1-8B's layers (32 query heads over 8 KV heads of 128; two of them) in caches of 256 slots, as
+    generate allocates them: every decode step's logits of each row of a left-padded batch, the unpadded longest
+    row too, equal the prompt's alone bit for bit (where a call without a first slot compiled another attention
+    kernel, the H200 gave most rows other bits at the first step)."""
+    from anyfp4.bench.random_model import ARCHS, RandomSource
+    from anyfp4.runtime.config import ModelArgs
+    from anyfp4.runtime.loader import build_model
+
+    monkeypatch.setenv("ANYFP4_PREFILL", "chunked")
+    args = ModelArgs(**{**ARCHS["llama-3.1-8b"], "num_layers": 2, "vocab_size": 4096})
+    model = build_model(args, RandomSource("nvfp4", "cuda"), torch.device("cuda"), torch.bfloat16, progress=False)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 4096, (n,), generator=gen).tolist() for n in (45, 20, 66, 9)]
+    batch = _step_logits(model, prompts, 4)
+    assert torch.isfinite(batch).all()
+    for i, p in enumerate(prompts):
+        assert torch.equal(batch[:, i], _step_logits(model, [p], 4)[:, 0]), i

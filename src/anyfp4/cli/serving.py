@@ -50,8 +50,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not loopback and api_key is None:
             print(f"anyfp4 serve: warning: listening on {args.host} without an API key: anyone who reaches this "
                   "address can use the model (set ANYFP4_API_KEY or --api-key)", file=sys.stderr, flush=True)
-        session.load_weights(device, args.dtype, progress=not args.quiet)
         worker = GenerationWorker(session, args.max_queue, args.max_batch)
+        worker.start(setup=lambda: session.load_weights(device, args.dtype, progress=not args.quiet))
         app = create_app(worker, name, api_key, args.max_tokens_limit,
                          allowed_hosts=LOOPBACK_NAMES | {host_name(args.host)} if loopback else None)
         dtype = str(session.model.dtype).replace("torch.", "")
