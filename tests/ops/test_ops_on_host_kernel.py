@@ -29,6 +29,8 @@ def emulated_gpu(monkeypatch):
     monkeypatch.setattr(weight_mma, "enabled", lambda sm, dtype=None: True)
     monkeypatch.setattr(weight_mma, "nvfp4_mma_gemm", host_cuda.gemm("nvfp4"))
     monkeypatch.setattr(weight_mma, "fp8_mma_gemm", host_cuda.gemm("fp8"))
+    monkeypatch.setattr(weight_mma, "nvfp4_mma_gemm_chunks", host_cuda.gemm_chunks("nvfp4"))
+    monkeypatch.setattr(weight_mma, "fp8_mma_gemm_chunks", host_cuda.gemm_chunks("fp8"))
 
 
 def layers(fmt, gen):

@@ -93,3 +93,25 @@ def gemm(fmt: str, tight: bool = False, sm: int = weight_mma.ASYNC_SM):
         return y
 
     return call
+
+
+def gemm_chunks(fmt: str, sm: int = weight_mma.ASYNC_SM):
+    """A CPU stand-in for ``nvfp4_mma_gemm_chunks`` / ``fp8_mma_gemm_chunks`` (same arguments): the launches
+    ``weight_mma.chunk_launches`` repeats over the chunks, each run by the kernel's source as ``gemm`` runs one."""
+
+    def call(x, p, bias, config_for, out_dtype=None):
+        counters = torch.zeros(1024, dtype=torch.int32)
+        scales, gscale = (p.scales, p.global_scale) if fmt == "nvfp4" else (None, p.scales)
+        out = torch.empty(x.shape[0], p.out_features, dtype=out_dtype or x.dtype)
+
+        def plan_for(rows, y):
+            return weight_mma.plan_launch(fmt, rows, p.codes, scales, gscale, bias, p.out_features, p.up_offset,
+                                          config_for(rows.shape[0]), y, out_dtype, stage_bytes=weight_mma.STAGE_BYTES,
+                                          early=False, counters=counters, sm=sm), None
+
+        for plan, _ in weight_mma.chunk_launches(x, out, plan_for):
+            run(plan)
+        assert not counters.any(), "split-K counters not reset"
+        return out
+
+    return call

@@ -34,6 +34,12 @@ def _mma(rows: Tensor, w: FP8Prepacked, bias: Optional[Tensor], config, out_dtyp
     return weight_mma.fp8_mma_gemm(rows, w, bias, config, out_dtype=out_dtype)
 
 
+def _mma_chunks(x2: Tensor, w, bias: Optional[Tensor], config_for, out_dtype) -> Tensor:
+    from ..kernels.cuda import weight_mma
+
+    return weight_mma.fp8_mma_gemm_chunks(x2, w, bias, config_for, out_dtype=out_dtype)
+
+
 def _gemv(x2: Tensor, w: FP8Prepacked, bias: Optional[Tensor], sms: int) -> Tensor:
     from ..kernels.triton.fp8_linear import fp8_gemv
 
@@ -53,7 +59,8 @@ def _w8a8(x2: Tensor, w: FP8Prepacked, bias: Optional[Tensor], input_scale: Tens
 
 
 FP8 = FormatKernels(name="fp8", k_per_word=K_PER_WORD, sum_scale="scales", strided_rows=False, dense=_dense,
-                    cpu_rows=_cpu_rows, mma=_mma, gemv=_gemv, dequantize_matmul=_dequantize_matmul, w8a8=_w8a8)
+                    cpu_rows=_cpu_rows, mma=_mma, mma_chunks=_mma_chunks, gemv=_gemv,
+                    dequantize_matmul=_dequantize_matmul, w8a8=_w8a8)
 
 
 def fp8_reference(x: Tensor, w: FP8Prepacked, bias: Optional[Tensor], partial: bool = False) -> Tensor:

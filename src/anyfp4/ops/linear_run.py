@@ -16,7 +16,6 @@ import torch
 from torch import Tensor
 
 from .. import env
-from ..dispatch.limits import DECODE_ROWS
 from ..dispatch.policy import Choice, Kernel, choose_kernel
 from ..kernels.cpu.linear import library, linear_on_rows
 
@@ -33,6 +32,7 @@ class FormatKernels:
     dense: Callable  # (w) -> the dequantized (N, K) weight; of a gated prepack: (gate, up)
     cpu_rows: Callable  # (lib, x2, w, row_starts, scaled) -> the C kernel's rows (kernels/cpu/linear.py)
     mma: Callable  # (rows, w, bias, MMAConfig, out_dtype) -> CUDA decode kernel, rows <= DECODE_ROWS
+    mma_chunks: Callable  # (x2, w, bias, rows -> MMAConfig, out_dtype) -> the same, DECODE_ROWS rows at a time
     gemv: Callable  # (x2, w, bias, sms) -> Triton GEMV at M = 1, scaled and rounded to x's dtype
     dequantize_matmul: Callable  # (x2, w, bias, out_dtype) -> dequantize + cuBLAS
     decode: Optional[Callable] = None  # (x2, w, bias, sm, sms, act_pack) -> Triton decode, scaled and rounded
@@ -43,12 +43,6 @@ class FormatKernels:
 def unit_scale(w, fmt: FormatKernels):
     """The same prepack with its after-sum scales set to 1: its products are the sums before those scales."""
     return replace(w, **{fmt.sum_scale: torch.ones_like(getattr(w, fmt.sum_scale))})
-
-
-def in_row_chunks(x2: Tensor, run) -> Tensor:
-    """``run`` on at most ``DECODE_ROWS`` rows at a time (the decode kernels' rows do not depend on the call's
-    other rows)."""
-    return torch.cat([run(x2[i:i + DECODE_ROWS]) for i in range(0, x2.shape[0], DECODE_ROWS)])
 
 
 _WARNED: set[str] = set()
@@ -153,15 +147,13 @@ def run_linear(x: Tensor, w, bias: Optional[Tensor], fmt: FormatKernels, *, part
     bias = None if w.gated else bias
     k_pad = w.codes.shape[1] * fmt.k_per_word
 
-    def mma(rows: Tensor) -> Tensor:
-        config = mma_config(sm, sms, fmt.name, w.gated, w.out_features, w.in_features, k_pad, rows.shape[0],
-                            split_k)
-        return fmt.mma(rows, w, bias, config, out_dtype)
+    def config(rows: int):
+        return mma_config(sm, sms, fmt.name, w.gated, w.out_features, w.in_features, k_pad, rows, split_k)
 
     if kernel is Kernel.CUDA_MMA:
-        y = mma(x2)
-    elif kernel is Kernel.CUDA_MMA_ROW_CHUNKS:
-        y = in_row_chunks(x2, mma)
+        y = fmt.mma(x2, w, bias, config(m), out_dtype)
+    elif kernel is Kernel.CUDA_MMA_ROW_CHUNKS:  # the decode kernels' rows do not depend on the call's other rows
+        y = fmt.mma_chunks(x2, w, bias, config, out_dtype)
     elif kernel is Kernel.TRITON_FUSED_PREFILL:
         y = fmt.fused_prefill(x2, unit_scale(w, fmt) if partial else w, bias, out_dtype)
     elif kernel is Kernel.DEQUANTIZE_CUBLAS:

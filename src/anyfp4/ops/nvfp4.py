@@ -34,6 +34,12 @@ def _mma(rows: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], config, out_dt
     return weight_mma.nvfp4_mma_gemm(rows, w, bias, config, out_dtype=out_dtype)
 
 
+def _mma_chunks(x2: Tensor, w, bias: Optional[Tensor], config_for, out_dtype) -> Tensor:
+    from ..kernels.cuda import weight_mma
+
+    return weight_mma.nvfp4_mma_gemm_chunks(x2, w, bias, config_for, out_dtype=out_dtype)
+
+
 def _gemv(x2: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], sms: int) -> Tensor:
     from ..dispatch.tuning import gemv_heuristic_config
     from ..kernels.triton.nvfp4_gemv import nvfp4_gemv
@@ -62,7 +68,8 @@ def _dequantize_matmul(x2: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], ou
 
 
 NVFP4 = FormatKernels(name="nvfp4", k_per_word=K_PER_WORD, sum_scale="global_scale", strided_rows=True,
-                      dense=_dense, cpu_rows=_cpu_rows, mma=_mma, gemv=_gemv, dequantize_matmul=_dequantize_matmul,
+                      dense=_dense, cpu_rows=_cpu_rows, mma=_mma, mma_chunks=_mma_chunks, gemv=_gemv,
+                      dequantize_matmul=_dequantize_matmul,
                       decode=_decode, fused_prefill=_fused_prefill)
 
 

@@ -183,7 +183,7 @@ class Kernel:
             else:
                 raise TypeError(f"unsupported kernel argument {type(a)}")
             keep.append(c)
-            ptrs.append(ctypes.cast(ctypes.byref(c), ctypes.c_void_p))
+            ptrs.append(ctypes.addressof(c))
         arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
         stream = torch.cuda.current_stream().cuda_stream
         if not early:

@@ -15,7 +15,8 @@ stream at a time (as a model's layers do).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from importlib import resources
 
 import torch
@@ -244,20 +245,65 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     return Launch(defines, (grid_x, c.split_k, 1), c.warps * 32, shared, args, out)
 
 
-def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None, gscale: torch.Tensor,
-            bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
-            out: torch.Tensor | None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``block_scales``: NVFP4's prepacked scale bytes (None for FP8); ``gscale``: NVFP4's one global scale, FP8's
-    per-row scales; ``out_dtype``: x's dtype (default) or float32 (the sums unrounded)."""
+def _planned(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
+             gscale: torch.Tensor, bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
+             out: torch.Tensor | None, out_dtype: torch.dtype | None) -> tuple[Launch, "nvrtc.Kernel", bool]:
+    """The launch of ``x``'s rows (<= DECODE_ROWS), the loaded kernel, and whether it launches early."""
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     stage_bytes = min(STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
     early = early_launch(device)
     counters = reserve_counters(x.device) if config.split_k > 1 else None
     plan = plan_launch(fmt, x, codes, block_scales, gscale, bias, n_rows, up_offset, config, out, out_dtype,
                        stage_bytes=stage_bytes, early=early, counters=counters, sm=device_arch(device)[0])
-    kernel = nvrtc.load(_source(), KERNEL, plan.defines, device, shared_memory=stage_bytes)
+    return plan, nvrtc.load(_source(), KERNEL, plan.defines, device, shared_memory=stage_bytes), early
+
+
+def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None, gscale: torch.Tensor,
+            bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
+            out: torch.Tensor | None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``block_scales``: NVFP4's prepacked scale bytes (None for FP8); ``gscale``: NVFP4's one global scale, FP8's
+    per-row scales; ``out_dtype``: x's dtype (default) or float32 (the sums unrounded)."""
+    plan, kernel, early = _planned(fmt, x, codes, block_scales, gscale, bias, n_rows, up_offset, config, out,
+                                   out_dtype)
     kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
     return plan.out
+
+
+def chunk_launches(x: torch.Tensor, out: torch.Tensor,
+                   plan_for: Callable[[torch.Tensor, torch.Tensor], tuple[Launch, object]]
+                   ) -> Iterator[tuple[Launch, object]]:
+    """(launch, what ``plan_for`` gave with it) for each DECODE_ROWS-row chunk of x (M, K), writing its rows of
+    ``out`` (M, N): ``plan_for(rows, out rows)`` works a launch out once per kind of chunk (its rows, and whether
+    its activations are 16-byte aligned, which the source's staging is compiled for); the other chunks of that
+    kind repeat it with their own pointers. The launches, and so the bits, of one call per chunk, without its
+    host work."""
+    planned: dict[tuple, tuple[Launch, object, torch.Tensor, torch.Tensor]] = {}
+    for i in range(0, x.shape[0], DECODE_ROWS):
+        rows, y = x[i:i + DECODE_ROWS], out[i:i + DECODE_ROWS]
+        kind = (rows.shape[0], rows.data_ptr() % 16 == 0)
+        if kind not in planned:
+            planned[kind] = (*plan_for(rows, y), rows, y)
+        plan, extra, rows0, y0 = planned[kind]
+        if rows is not rows0:
+            plan = replace(plan, args=[rows if a is rows0 else y if a is y0 else a for a in plan.args], out=y)
+        yield plan, extra
+
+
+def _launch_chunks(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
+                   gscale: torch.Tensor, bias: torch.Tensor | None, n_rows: int, up_offset: int,
+                   config_for: Callable[[int], MMAConfig], out_dtype: torch.dtype | None) -> torch.Tensor:
+    """x (M, K), any M: ``_launch``'s launches for its rows DECODE_ROWS at a time (each chunk's config
+    ``config_for(its rows)``) into one (M, N) output, as ``chunk_launches`` repeats them."""
+    out = torch.empty(x.shape[0], n_rows, dtype=out_dtype or x.dtype, device=x.device)
+
+    def plan_for(rows: torch.Tensor, y: torch.Tensor):
+        plan, kernel, early = _planned(fmt, rows, codes, block_scales, gscale, bias, n_rows, up_offset,
+                                       config_for(rows.shape[0]), y, out_dtype)
+        return plan, (kernel, early)
+
+    for plan, (kernel, early) in chunk_launches(x, out, plan_for):
+        kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
+    return out
 
 
 def nvfp4_mma_gemm(x: torch.Tensor, w, bias: torch.Tensor | None, config: MMAConfig,
@@ -265,6 +311,20 @@ def nvfp4_mma_gemm(x: torch.Tensor, w, bias: torch.Tensor | None, config: MMACon
     """NVFP4 prepack: x (M, K), M <= 32 -> (M, N); a gated prepack gives silu(gate) * up."""
     return _launch("nvfp4", x, w.codes, w.scales, w.global_scale, bias, w.out_features, w.up_offset, config, out,
                    out_dtype)
+
+
+def nvfp4_mma_gemm_chunks(x: torch.Tensor, w, bias: torch.Tensor | None, config_for: Callable[[int], MMAConfig],
+                          out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """NVFP4 prepack: x (M, K), any M -> (M, N), DECODE_ROWS rows at a time (``_launch_chunks``)."""
+    return _launch_chunks("nvfp4", x, w.codes, w.scales, w.global_scale, bias, w.out_features, w.up_offset,
+                          config_for, out_dtype)
+
+
+def fp8_mma_gemm_chunks(x: torch.Tensor, w, bias: torch.Tensor | None, config_for: Callable[[int], MMAConfig],
+                        out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """FP8 prepack: x (M, K), any M -> (M, N), DECODE_ROWS rows at a time (``_launch_chunks``)."""
+    return _launch_chunks("fp8", x, w.codes, None, w.scales, bias, w.out_features, w.up_offset, config_for,
+                          out_dtype)
 
 
 def fp8_mma_gemm(x: torch.Tensor, w, bias: torch.Tensor | None, config: MMAConfig,
