@@ -176,7 +176,7 @@ class GenerationWorker:
     # -- the queue ------------------------------------------------------------------------------------------
 
     def start(self, setup: Callable[[], object] | None = None) -> None:
-        """Start the worker's thread (again only once closed); with ``setup``, run it first on that thread and
+        """Start the worker's thread (once: later calls do nothing); with ``setup``, run it first on that thread and
         return once it has returned (raising what it raised, the thread then ended). The weights load through
         ``setup`` in ``anyfp4 serve``: on the CPU every torch call then comes from the one thread, whose OpenMP
         team is then the process's only one (with a second team, from the thread that loaded, the threads
