@@ -6,6 +6,7 @@ import asyncio
 import threading
 from dataclasses import replace
 
+import pytest
 from fastapi.testclient import TestClient
 
 import anyfp4.serve.worker as worker_module
@@ -132,3 +133,22 @@ def test_a_lone_request_waits_only_the_quiet_gap(session, monkeypatch):
         return time.monotonic() - t0
 
     assert asyncio.run(check()) < 5.0
+
+
+def test_setup_runs_on_the_generation_thread_and_its_error_reaches_the_caller(session):
+    """``start(setup)``: what ``anyfp4 serve`` loads the weights with runs on the thread that then generates; a
+    setup that fails raises in the caller, and a later start can try again."""
+    seen = []
+    worker = GenerationWorker(session, 4)
+
+    def failing():
+        seen.append(threading.current_thread().name)
+        raise OSError("no such checkpoint")
+
+    with pytest.raises(OSError, match="no such checkpoint"):
+        worker.start(setup=failing)
+    worker.start(setup=lambda: seen.append(threading.current_thread().name))
+    try:
+        assert seen == ["anyfp4-generation", "anyfp4-generation"]
+    finally:
+        worker.close(10)
