@@ -53,27 +53,6 @@ def prefill_outputs(model, prompts):
     return seen
 
 
-def step_outputs(model, prompts, steps):
-    """Each module's output at each of ``steps`` eager greedy decode steps after a left-padded prefill laid out as
-    ``generate`` lays it out: list (per step) of name -> (b, 1, ...)."""
-    dev, longest = model.device, max(len(p) for p in prompts)
-    slots = generation.cache_slots(model, longest, steps)
-    model.setup_caches(len(prompts), slots)
-    tokens, valid, rope, padded = left_padded(prompts, slots, dev)
-    out = []
-    with torch.no_grad():
-        logits = model(tokens, torch.arange(longest, device=dev), rope if padded else None,
-                       valid if padded else None, last=True)
-        for step in range(steps):
-            valid[:, longest + step] = True
-            with recorded(model) as seen:
-                logits = model(logits[:, -1].argmax(-1)[:, None], torch.tensor([longest + step], device=dev),
-                               rope[:, -1:] + 1 + step if padded else None, valid if padded else None)
-            seen["logits"] = logits
-            out.append(seen)
-    return out
-
-
 def step_logits(model, prompts, steps, step_fn):
     """Logits of ``steps`` greedy decode steps after a left-padded prefill (cache slots as ``generate`` allocates
     them), each step run by ``step_fn`` (the model: eager; ``decode_step(model)``: a CUDA graph)."""
@@ -90,6 +69,21 @@ def step_logits(model, prompts, steps, step_fn):
             logits = step_fn(logits[:, -1].argmax(-1)[:, None], torch.tensor([longest + step], device=dev),
                              rope[:, -1:] + 1 + step if padded else None, valid if padded else None).clone()
             out.append(logits)
+    return out
+
+
+def step_outputs(model, prompts, steps):
+    """Each module's output at each of ``steps`` eager greedy decode steps after a left-padded prefill laid out as
+    ``generate`` lays it out: list (per step) of name -> (b, 1, ...)."""
+    out = []
+
+    def recorded_step(*inputs):
+        with recorded(model) as seen:
+            seen["logits"] = model(*inputs)
+        out.append(seen)
+        return seen["logits"]
+
+    step_logits(model, prompts, steps, recorded_step)
     return out
 
 
