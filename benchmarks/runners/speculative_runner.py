@@ -2,9 +2,11 @@
 drafting, acceptance length, the SHA-256 of both texts, and the verify-pass time per M = 1..8.
 
 - ``--arch`` (default llama-3.1-8b): a random-weight NVFP4 model on a prompt that repeats a 16-token
-  chunk (what prompt lookup feeds on), with the decode kernels as chosen by default (CUDA), and the
-  Triton kernels with the activation block-pack off and on. Random weights do not continue the
-  repetition, so acceptance there says nothing about real text; the speed of a verify pass does.
+  chunk (what prompt lookup feeds on), on every decode-kernel path (``PATHS``): the kernels chosen by
+  default (CUDA), the CUDA kernel's sm_75 and sm_70 variants with fp16 activations (this GPU dispatched as a
+  T4 / V100, the variant's source compiled for it), and the Triton kernels with the activation block-pack off
+  and on, where speculation must refuse. Random weights do not continue the repetition, so acceptance there
+  says nothing about real text; the speed of a verify pass does.
 - ``--checkpoint DIR``: a real checkpoint (e.g. SmolLM2-135M-Instruct NVFP4) on a summarization prompt
   in its chat template, k = 1..7: acceptance and speed-up on real text.
 
@@ -14,6 +16,7 @@ drafting, acceptance length, the SHA-256 of both texts, and the verify-pass time
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -76,24 +79,69 @@ def compare_on_prompt(model, prompt: list[int], params: SamplingParams, ks) -> d
     return report
 
 
-def random_weight_runs(arch: str, gen_len: int, report: dict, save) -> None:
+# name -> (ANYFP4_KERNELS, ANYFP4_ACT_PACK, activations, the (sm, multiprocessors) dispatched as, k values)
+PATHS = {
+    "default": ("auto", "auto", torch.bfloat16, None, range(1, 8)),
+    "cuda_sm75_variant": ("cuda", "auto", torch.float16, (75, 40), (1, 4, 7)),
+    "cuda_sm70_variant": ("cuda", "auto", torch.float16, (70, 80), (1, 4, 7)),
+    "triton_pack0": ("triton", "0", torch.bfloat16, None, (4,)),
+    "triton_pack1": ("triton", "1", torch.bfloat16, None, (4,)),
+}
+
+
+@contextlib.contextmanager
+def dispatched_as(arch):
+    """This GPU taken for an sm_``arch[0]`` one with ``arch[1]`` multiprocessors (and, for sm_70, CUDA 12's NVRTC):
+    that architecture's dispatch and launch heuristics, the CUDA kernel's variant for it compiled for this GPU
+    (mma.sync m8n8k4 and m16n8k8 are valid on sm_80+)."""
+    if arch is None:
+        yield
+        return
+    from anyfp4.kernels import device
+    from anyfp4.kernels.cuda import nvrtc, weight_mma
+
+    saved = device.device_arch, weight_mma.device_arch, nvrtc.version
+    device.device_arch = weight_mma.device_arch = lambda index=None: arch
+    nvrtc.version = lambda: (12, 9)
+    try:
+        yield
+    finally:
+        device.device_arch, weight_mma.device_arch, nvrtc.version = saved
+
+
+def random_weight_runs(arch: str, gen_len: int, report: dict, save, paths) -> None:
     from anyfp4.bench.random_model import random_model
 
-    model = random_model(arch, "nvfp4", torch.device("cuda"), torch.bfloat16, progress=False)
-    chunk = torch.randint(0, model.args.vocab_size, (16,), generator=torch.Generator().manual_seed(0)).tolist()
-    prompt = (chunk * 32)[:512]
-    params = SamplingParams(max_new_tokens=gen_len)
-    for kernels, pack, ks in (("auto", "auto", range(1, 8)), ("triton", "0", (4, 7)), ("triton", "1", (4, 7))):
+    models = {}
+    chunk = None
+    for name in paths:
+        kernels, pack, dtype, as_arch, ks = PATHS[name]
+        if dtype not in models:
+            models.clear()  # one model on the GPU at a time
+            torch.cuda.empty_cache()
+            models[dtype] = random_model(arch, "nvfp4", torch.device("cuda"), dtype, progress=False)
+        model = models[dtype]
+        if chunk is None:
+            chunk = torch.randint(0, model.args.vocab_size, (16,), generator=torch.Generator().manual_seed(0)).tolist()
+        prompt = (chunk * 32)[:512]
         os.environ["ANYFP4_KERNELS"], os.environ["ANYFP4_ACT_PACK"] = kernels, pack
         forget_decode_graphs(model)
-        name = "default" if kernels == "auto" else f"triton_pack{pack}"
-        print(f"{arch} nvfp4, kernels {name}:", flush=True)
-        r = compare_on_prompt(model, prompt, params, ks)
-        r["verify_ms"] = verify_pass_ms(model)
+        print(f"{arch} nvfp4 {str(dtype).replace('torch.', '')}, kernels {name}:", flush=True)
+        with dispatched_as(as_arch):
+            try:
+                r = compare_on_prompt(model, prompt, SamplingParams(max_new_tokens=gen_len), ks)
+            except NotImplementedError as e:  # speculation refuses a path whose rows depend on M
+                plain, t_plain = _timed(lambda: generate(model, [prompt], SamplingParams(max_new_tokens=gen_len))[0])
+                r = {"prompt_tokens": len(prompt), "new_tokens": len(plain), "plain_tok_s": len(plain) / t_plain,
+                     "plain_sha256": _sha(plain), "speculation_refused": str(e)}
+                print(f"  speculation refused: {e}", flush=True)
+            r["verify_ms"] = verify_pass_ms(model)
+        r["dtype"], r["dispatched_as_sm"] = str(dtype), as_arch[0] if as_arch else None
         v = r["verify_ms"]
         print("  verify ms per M: " + " ".join(f"{m}:{t:.3f}({t / v[1]:.2f}x)" for m, t in v.items()), flush=True)
         report["random"][name] = r
         save()
+        forget_decode_graphs(model)
     os.environ["ANYFP4_KERNELS"], os.environ["ANYFP4_ACT_PACK"] = "auto", "auto"
 
 
@@ -129,12 +177,14 @@ def main():
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--checkpoint", help="a real checkpoint to run on a summarization prompt")
     ap.add_argument("--skip-random", action="store_true")
+    ap.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS),
+                    help="the decode-kernel paths of the random-weight runs")
     args = ap.parse_args()
     report = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "torch": torch.__version__, "arch": args.arch, "gen_len": args.gen_len, "random": {}}
     save = lambda: Path(args.out).write_text(json.dumps(report, indent=1))  # noqa: E731
     if not args.skip_random:
-        random_weight_runs(args.arch, args.gen_len, report, save)
+        random_weight_runs(args.arch, args.gen_len, report, save, args.paths)
     if args.checkpoint:
         checkpoint_runs(args.checkpoint, 256, report, save)
     save()
