@@ -82,6 +82,24 @@ def test_speculative_verify_graphs_give_the_plain_greedy_text():
 
 
 @gpu
+@pytest.mark.parametrize("pack", ["0", "1"])
+def test_speculation_refuses_the_triton_kernels(monkeypatch, pack):
+    """The Triton decode path picks its kernel and split by M, so a verify pass's rows would not get a one-token
+    step's bits and the greedy text could leave plain decoding's (seen on an H200, 2026-12-01): on this GPU with
+    ``ANYFP4_KERNELS=triton`` speculation refuses before its first token, naming what it needs, with the
+    activation block-pack off and on."""
+    from anyfp4.runtime.speculative import generate_speculative
+
+    model = random_model("smollm2-135m", "nvfp4", torch.device("cuda"), torch.bfloat16, progress=False)
+    monkeypatch.setenv("ANYFP4_KERNELS", "triton")
+    monkeypatch.setenv("ANYFP4_ACT_PACK", pack)
+    heard = []
+    with pytest.raises(NotImplementedError, match=r"sm_\d+ with bfloat16 .* needs the CUDA decode kernels"):
+        generate_speculative(model, [5, 6, 7, 8] * 8, SamplingParams(max_new_tokens=16), 4, on_tokens=heard.append)
+    assert heard == []
+
+
+@gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "bf16"])
 def test_a_verify_pass_gives_the_bits_of_decode_steps(fmt):
     """Speculation's greedy text equals plain decoding's only if a row of an M-row pass is computed exactly
