@@ -248,8 +248,8 @@ for i, (fp8, nt, mt, warps, depth, bf16, gated, bias) in enumerate({VARIANTS!r})
     assert defines["QUAD_PAIRS"] == 1
     cubin = nvrtc.compile_cubin(weight_mma._source(), weight_mma.KERNEL, 70, defines)
     log = nvrtc.ptxas_report(weight_mma._source(), weight_mma.KERNEL, 70, defines)
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill", log)]
-    out.append([cubin[:4] == b"\x7fELF", sum(spills)])
+    spills = [int(n) for n in re.findall(r"(\\d+) bytes spill", log)]
+    out.append([cubin[:4] == b"\\x7fELF", sum(spills)])
 print(json.dumps(out))
 """
     env = dict(os.environ, ANYFP4_NVRTC=cuda_12_nvrtc())
