@@ -2,7 +2,8 @@
 # GPU-side checks and measurements in stages, each fitting one device call (<= 10 minutes); results land in
 # $OUT (JSON + logs), key lines on stdout.
 #   bash benchmarks/gpu_session.sh check     # the GPU-side tests of the CUDA kernel, W8A8, kernels/ and ops/
-#   bash benchmarks/gpu_session.sh older     # the CUDA kernel's sm_70 / sm_75 variants run on this GPU
+#   bash benchmarks/gpu_session.sh older     # the CUDA kernel's sm_70 / sm_75 variants run on this GPU, speculation
+#                                            # on every decode-kernel path
 #   bash benchmarks/gpu_session.sh check2    # the GPU-side tests of runtime/, dispatch/, parallel/, packing/, bench/
 #   bash benchmarks/gpu_session.sh kernels   # nvfp4_linear / fp8_linear tables (incl. fused / W8A8 prefill columns)
 #   bash benchmarks/gpu_session.sh bench     # anyfp4 bench: NVFP4 and FP8 vs bf16, random Llama-3.1-8B
@@ -44,9 +45,14 @@ check)
         every_variant_compiles and not test_weight_mma and not w8a8" 2>&1 | tail -12 | tee "$OUT/pytest.txt"
     ;;
 older)
-    # sm_70's and sm_75's variants of the CUDA kernel compiled for this GPU, against the reference
+    # sm_70's and sm_75's variants of the CUDA kernel compiled for this GPU, against the reference (H100,
+    # 2026-12-05: 219 s), through the ops with this GPU dispatched as a V100 / T4 (37 s), and speculation refusing
+    # the Triton kernels; then the speculative runner over every decode-kernel path (~90 s)
     timeout 400 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/cuda/test_weight_mma.py \
-        -k older_architectures 2>&1 | tail -12 | tee "$OUT/pytest_older.txt"
+        tests/ops/test_older_variants_on_the_gpu.py tests/runtime/test_cuda_graph.py \
+        -k "older_architectures or older_variants or refuses" 2>&1 | tail -12 | tee "$OUT/pytest_older.txt"
+    timeout 180 python3 benchmarks/runners/speculative_runner.py --gen-len 64 --out "$OUT/speculative_paths.json" \
+        2>&1 | grep -v "^ *verify" | tail -20
     ;;
 check2)
     # CPU-only tests run here too (the device's torch is another version than CI's), the hybrid ones in `hybrid`
