@@ -86,6 +86,32 @@ def test_stop_tokens_end_generation(model):
     assert out == first[: first.index(stop) + 1]
 
 
+def test_steps_launched_ahead_give_the_same_tokens_and_calls(model, monkeypatch):
+    """With each step launched before the previous step's tokens are read (what a GPU does), the tokens, the
+    calls of on_tokens, stop tokens and sampling are those of the plain order; a stop leaves one step computed in
+    vain, and the step count stays within the cache."""
+    import anyfp4.runtime.generate as generation
+
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [11, 12, 13]]
+    first = generate(model, prompts[:1], SamplingParams(max_new_tokens=8))[0]
+    cases = [SamplingParams(max_new_tokens=9), SamplingParams(max_new_tokens=1),
+             SamplingParams(max_new_tokens=8, stop_token_ids=(first[2],)),
+             SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.9, seed=3)]
+    plain = []
+    for params in cases:
+        heard = []
+        plain.append((generate(model, prompts, params, on_tokens=heard.append), heard))
+    monkeypatch.setattr(generation, "launches_ahead", lambda device: True)
+    for params, want in zip(cases, plain):
+        heard = []
+        assert (generate(model, prompts, params, on_tokens=heard.append), heard) == want
+    forward, slots = model.forward, []
+    monkeypatch.setattr(model, "forward", lambda tokens, input_pos, *a, **k: (
+        slots.append(input_pos.tolist()), forward(tokens, input_pos, *a, **k))[1])
+    generate(model, prompts, cases[0])
+    assert slots == [list(range(7))] + [[7 + i] for i in range(8)]  # the prefill, then a slot per step
+
+
 def test_sampling_is_seeded(model):
     p = SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=7)
     a, b = generate(model, [[1, 2, 3]], p), generate(model, [[1, 2, 3]], p)

@@ -66,13 +66,15 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
     t_prefill = time.perf_counter() - t0
     tokens = []
     nxt = logits[:, -1].argmax(-1)
+    pos = torch.tensor([prompt_len], device=device)  # kept on the device, as generate keeps it: no wait per step
     sync(device)
     t0 = time.perf_counter()
     for step in range(gen_len):
         tokens.append(nxt)
         if step == gen_len - 1:
             break
-        logits = step_fn(nxt[:, None], torch.tensor([prompt_len + step], device=device))
+        logits = step_fn(nxt[:, None], pos)
+        pos = pos + 1
         nxt = logits[:, -1].argmax(-1)
     sync(device)
     t_decode = time.perf_counter() - t0

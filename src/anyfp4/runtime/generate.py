@@ -111,6 +111,35 @@ def decode_step(model: Transformer, compile_decode: bool = False) -> Callable:
     return _GRAPHED[model]
 
 
+def launches_ahead(device: torch.device) -> bool:
+    """Whether ``generate`` launches decode step t + 1 before step t's tokens reach the host: on a GPU, so that
+    the host's reading of the tokens (a wait for the device), the stop checks and ``on_tokens`` run while the next
+    step computes, instead of leaving the GPU idle between steps. The cost: one step computed in vain after the
+    last row stops. On the CPU every step is computed in the calling thread, so nothing would overlap."""
+    return device.type == "cuda"
+
+
+def token_reader(device: torch.device, rows: int) -> Callable[[torch.Tensor], Callable[[], list[int]]]:
+    """``stage(tokens)`` starts copying a step's tokens (rows,) to the host and returns what waits for that copy
+    alone and gives them as a list. On a GPU the copy goes to pinned memory without waiting, and the wait is for
+    an event recorded after it, so that work queued later (the next step) keeps running; a plain ``tolist`` would
+    wait for all of it."""
+    if device.type != "cuda":
+        return lambda tokens: tokens.tolist
+    landing = torch.empty(rows, dtype=torch.long, pin_memory=True)
+    copied = torch.cuda.Event()
+
+    def stage(tokens: torch.Tensor) -> Callable[[], list[int]]:
+        landing.copy_(tokens, non_blocking=True)
+        copied.record()
+
+        def read() -> list[int]:
+            copied.synchronize()
+            return landing.tolist()
+        return read
+    return stage
+
+
 def forget_decode_graphs(model: Transformer) -> None:
     """Drop the model's captured decode graph (e.g. after changing ``ANYFP4_KERNELS``)."""
     _GRAPHED.pop(model, None)
@@ -167,25 +196,38 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
                          f"activation dtype ({model.dtype}); try --dtype fp32 or check the checkpoint")
     next_pos = rope[:, -1] + 1
     step_fn = decode_step(model, compile_decode)
+    next_slot = torch.tensor([longest], device=device)  # kept on the device: no copy from the host (a wait) per step
+    ahead = launches_ahead(device)
+
+    def launch(step: int, tokens_now: torch.Tensor) -> torch.Tensor:
+        """Step ``step``'s forward over its tokens (still on the device), then its sampled tokens."""
+        nonlocal next_pos, next_slot
+        valid[:, longest + step] = True
+        logits = step_fn(tokens_now[:, None], next_slot, next_pos[:, None] if padded else None,
+                         valid if padded else None)
+        next_pos, next_slot = next_pos + 1, next_slot + 1
+        return sample(logits[:, -1], params, generator)
+
     out: list[list[int]] = [[] for _ in range(b)]
     done = [False] * b
     stops = set(params.stop_token_ids)
+    stage = token_reader(device, b)
+    nxt = sample(logits[:, -1], params, generator)
     for step in range(params.max_new_tokens):
-        nxt = sample(logits[:, -1], params, generator)
-        step_tokens = nxt.tolist()
+        final = step == params.max_new_tokens - 1
+        read = stage(nxt)
+        following = launch(step, nxt) if ahead and not final else None
+        step_tokens = read()
         for i, t in enumerate(step_tokens):
             if not done[i]:
                 out[i].append(t)
                 done[i] = t in stops
-        last = all(done) or step == params.max_new_tokens - 1
-        if not last:  # the next step is launched before on_tokens runs: the caller's work overlaps the GPU's
-            slot = longest + step
-            valid[:, slot] = True
-            logits = step_fn(nxt[:, None], torch.tensor([slot], device=device),
-                             next_pos[:, None] if padded else None, valid if padded else None)
-            next_pos = next_pos + 1
+        last = all(done) or final
+        if not last and following is None:  # the next step is launched before on_tokens runs
+            following = launch(step, nxt)
         if on_tokens is not None:
             on_tokens(step_tokens)
         if last:
             break
+        nxt = following
     return out
