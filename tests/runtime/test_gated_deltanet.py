@@ -159,5 +159,11 @@ def test_hybrid_config_defaults_and_refusals():
         ModelArgs.from_hf({**base, "layer_types": ["linear_attention"] * 7})
     with pytest.raises(CheckpointError, match="'linear_num_value_heads' 6 is not a multiple"):
         ModelArgs.from_hf({**base, "linear_num_key_heads": 4, "linear_num_value_heads": 6})
-    with pytest.raises(UnsupportedModelError, match="mixture-of-experts MLPs are not supported yet"):
-        ModelArgs.from_hf({**base, "model_type": "qwen3_5_moe"})
+    for moe in ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"):
+        with pytest.raises(UnsupportedModelError, match=f"'{moe}': hybrid models with mixture-of-experts MLPs are "
+                                                        "not supported yet"):
+            ModelArgs.from_hf({**base, "model_type": moe})
+    with pytest.raises(UnsupportedModelError, match="'qwen3_5' .* vision-language form of Qwen3.5 .* not supported "
+                                                    "yet; its text model alone runs"):
+        ModelArgs.from_hf({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                           "text_config": base})

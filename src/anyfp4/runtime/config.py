@@ -18,6 +18,7 @@ HYBRID_MODEL_TYPES = ("qwen3_5_text",)  # Gated DeltaNet layers beside gated ful
 LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
 # Hybrids whose MLPs are mixtures of experts: refused with their own message until experts are supported.
 HYBRID_MOE_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
+HYBRID_VISION_LANGUAGE_MODEL_TYPE = "qwen3_5"  # Qwen3_5ForConditionalGeneration: the text model inside a VLM
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok")
 FLOAT32_TINY = 2.0**-126  # the smallest normal float32: the RMSNorm epsilon is added in float32
 
@@ -156,6 +157,11 @@ class ModelArgs:
             raise UnsupportedModelError(f"model_type {model_type!r}: hybrid models with mixture-of-experts MLPs are not "
                                         "supported yet (their dense Qwen3.5 relatives, 'qwen3_5_text', are)",
                                         file=source)
+        if model_type == HYBRID_VISION_LANGUAGE_MODEL_TYPE:
+            raise UnsupportedModelError(
+                f"model_type {model_type!r} ({archs}): the vision-language form of Qwen3.5 (its text model under "
+                "model.language_model.*, a vision tower under model.visual.*) is not supported yet; its text model "
+                "alone runs ('qwen3_5_text', Qwen3_5ForCausalLM, tensors under model.*)", file=source)
         if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} ({archs}) is not supported; anyfp4 runs "
