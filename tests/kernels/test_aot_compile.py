@@ -169,12 +169,12 @@ def gdn_kernels_compile(act, cc):
     """The Gated DeltaNet kernels at Qwen3.5-27B's head sizes, with and without snapshots and left padding (and a
     norm weight in float32)."""
     early = early_for(cc)
-    for snap in (False, True):
+    for snap, block_t in ((False, 1), (True, 16)):  # a decode step's one token; a verify pass or prompt
         compile_for(conv_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "state_ptr": f"*{act}", "y_ptr": f"*{act}",
                                   "snap_ptr": f"*{act}", **{n: "i32" for n in (
                                       "T", "channels", "stride_xb", "stride_xt", "stride_sb", "stride_sc", "stride_yb",
                                       "stride_yt", "stride_pb", "stride_pt", "stride_pc")}},
-                    {"WIDTH": 4, "SNAP": snap, "BLOCK_T": 16, "BLOCK_C": 256, "INTERPRET": False, "EARLY": early}, cc)
+                    {"WIDTH": 4, "SNAP": snap, "BLOCK_T": block_t, "BLOCK_C": 256, "INTERPRET": False, "EARLY": early}, cc)
         sig = {**{n: f"*{act}" for n in ("mixed_ptr", "a_ptr", "b_ptr")}, "neg_a_ptr": "*fp32", "dt_bias_ptr": "*fp32",
                "state_ptr": "*fp32", "out_ptr": f"*{act}", "valid_ptr": "*fp32", "snap_ptr": "*fp32",
                **{n: "i32" for n in ("T", "v_heads", "stride_mb", "stride_mt", "stride_ab", "stride_at", "stride_bb",

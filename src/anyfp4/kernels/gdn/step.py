@@ -27,7 +27,7 @@ from .reference import L2_EPS
 
 _L2_EPS = tl.constexpr(L2_EPS)
 STATE_BLOCK_V = 32  # value dims per program of a head's state: (DK, 32) float32 tiles, four programs a head at 128
-CONV_BLOCK_T = 16  # tokens per convolution program
+CONV_BLOCK_T = 16  # tokens per convolution program at most (fewer for fewer tokens)
 
 
 @triton.jit
@@ -157,10 +157,11 @@ def conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, snapsh
     y = torch.empty(b, t, ch, dtype=x.dtype, device=x.device) if out is None else out
     snap = snapshots if snapshots is not None else conv_state
     block_c = min(256, triton.next_power_of_2(ch))
-    conv_kernel[(b, triton.cdiv(ch, block_c), triton.cdiv(t, CONV_BLOCK_T))](
+    block_t = min(CONV_BLOCK_T, triton.next_power_of_2(t))  # a decode step: one token, no masked rows
+    conv_kernel[(b, triton.cdiv(ch, block_c), triton.cdiv(t, block_t))](
         x, weight.contiguous(), conv_state, y, snap, t, ch, x.stride(0), x.stride(1), conv_state.stride(0),
         conv_state.stride(1), y.stride(0), y.stride(1), snap.stride(0), snap.stride(1) if snapshots is not None else 0,
-        snap.stride(2) if snapshots is not None else 0, WIDTH=width, SNAP=snapshots is not None, BLOCK_T=CONV_BLOCK_T,
+        snap.stride(2) if snapshots is not None else 0, WIDTH=width, SNAP=snapshots is not None, BLOCK_T=block_t,
         BLOCK_C=block_c, INTERPRET=triton_interpret(), num_warps=4, **early_launch_args(x.device))
     return y
 
