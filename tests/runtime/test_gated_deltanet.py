@@ -163,7 +163,15 @@ def test_hybrid_config_defaults_and_refusals():
         with pytest.raises(UnsupportedModelError, match=f"'{moe}': hybrid models with mixture-of-experts MLPs are "
                                                         "not supported yet"):
             ModelArgs.from_hf({**base, "model_type": moe})
-    with pytest.raises(UnsupportedModelError, match="'qwen3_5' .* vision-language form of Qwen3.5 .* not supported "
-                                                    "yet; its text model alone runs"):
-        ModelArgs.from_hf({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-                           "text_config": base})
+    vision_language = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                       "text_config": {**base, "model_type": "qwen3_5_text"}}
+    text = ModelArgs.from_hf(vision_language)
+    assert (text.weights_prefix, text.vision_prefix) == ("model.language_model.", "model.visual.")
+    assert text.layer_types == ModelArgs.from_hf(base).layer_types and "text model" in text.architecture
+    for bad, why in (({"text_config": None}, "needs a 'text_config' object"),
+                     ({"architectures": ["Qwen3_5ForCausalLM"]}, "would run the text model of"),
+                     ({"tie_word_embeddings": True, "text_config": {**base, "tie_word_embeddings": False}},
+                      "'tie_word_embeddings' is True at the top and False in 'text_config'"),
+                     ({"text_config": {**base, "model_type": "qwen3_5_moe_text"}}, "text model is 'qwen3_5_text'")):
+        with pytest.raises(CheckpointError, match=why):
+            ModelArgs.from_hf({**vision_language, **bad})

@@ -8,7 +8,7 @@ import torch
 
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
 from anyfp4.runtime.loader import load_model
-from helpers import tiny_qwen3_5_config
+from helpers import tiny_qwen3_5_config, tiny_qwen3_5_vision_language_config
 
 # float32 on the CPU: the same operations as transformers, so the logits agree to rounding noise.
 LOGIT_ATOL = 1e-3
@@ -72,7 +72,7 @@ def random_hf_checkpoint(tmp_path, hf_class, config):
     return tmp_path
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "mistral", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "mistral", "qwen3_5", "qwen3_5_vision_language"])
 def test_architectures_match_transformers(tmp_path, arch):
     import transformers as tf
 
@@ -88,6 +88,8 @@ def test_architectures_match_transformers(tmp_path, arch):
         cls, config = tf.Qwen3ForCausalLM, tf.Qwen3Config(**common, head_dim=32)
     elif arch == "qwen3_5":  # a hybrid: Gated DeltaNet in three of four layers, gated attention with partial RoPE
         cls, config = tf.Qwen3_5ForCausalLM, tiny_qwen3_5_config(max_position_embeddings=256)
+    elif arch == "qwen3_5_vision_language":  # the same text model under model.language_model, beside a vision tower
+        cls, config = tf.Qwen3_5ForConditionalGeneration, tiny_qwen3_5_vision_language_config()
     else:
         cls, config = tf.MistralForCausalLM, tf.MistralConfig(**common)
     config.architectures = [cls.__name__]
@@ -206,3 +208,47 @@ def test_a_hybrids_mtp_head_is_kept_and_left_unquantized(tmp_path, capsys):
         assert "mtp.fc.weight_scale" not in f.keys()
     assert main(["inspect", str(q)]) == 0
     assert "2 mtp.* tensors stored (drafts for --speculate mtp)" in capsys.readouterr().out
+
+
+def test_a_vision_language_checkpoint_runs_as_its_text_model_alone(tmp_path, capsys):
+    """A Qwen3_5ForConditionalGeneration checkpoint: quantize leaves its vision tower unquantized, inspect calls it
+    valid, runs it as the text model and counts only the text model's bytes per token, and its logits equal, bit for
+    bit, those of a Qwen3_5ForCausalLM checkpoint of the same text weights (the twin)."""
+    import json
+
+    import transformers as tf
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from anyfp4.checkpoint.inspection import inspect_checkpoint
+    from anyfp4.cli import main
+
+    vl = random_hf_checkpoint(tmp_path / "vl", tf.Qwen3_5ForConditionalGeneration,
+                              tiny_qwen3_5_vision_language_config(64, vocab_size=256))
+    text = {n.replace("model.language_model.", "model."): t for n, t in load_file(str(vl / "model.safetensors")).items()
+            if not n.startswith("model.visual.")}
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    save_file(text, str(twin / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((vl / "config.json").read_text())["text_config"]
+    (twin / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3_5ForCausalLM"]}))
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(3))
+    logits = []
+    for src in (vl, twin):
+        q = quantize_checkpoint(src, tmp_path / f"{src.name}_q", QuantizeOptions(format=TargetFormat.MIXED,
+                                                                                 progress=False)).dst
+        model, _ = load_model(q, "cpu", torch.float32, progress=False)
+        model.setup_caches(1, ids.shape[1])
+        with torch.no_grad():
+            logits.append(model(ids, torch.arange(ids.shape[1])))
+        report = inspect_checkpoint(q)
+        assert report["valid"], report["error"]
+        logits.append(report["bytes_per_token"])
+    assert torch.equal(logits[0], logits[2]) and logits[1] == logits[3]
+    with safe_open(str(tmp_path / "vl_q" / "model.safetensors"), "pt") as f:
+        visual = [n for n in f.keys() if n.startswith("model.visual.")]
+        assert visual and not any(n.endswith(("_scale", "_scale_2")) for n in visual)
+    assert main(["inspect", str(tmp_path / "vl_q")]) == 0
+    out = capsys.readouterr().out
+    assert "decoder layers: 3 linear attention, 1 full attention" in out
+    assert "Qwen3_5ForConditionalGeneration's text model (Qwen3_5ForCausalLM)" in " ".join(out.split())

@@ -308,6 +308,17 @@ def tiny_qwen3_5_config(width: int = 128, **overrides):
     return Qwen3_5TextConfig(**{**fields, **overrides})
 
 
+def tiny_qwen3_5_vision_language_config(width: int = 128, **text_overrides):
+    """A small transformers ``Qwen3_5Config`` (``Qwen3_5ForConditionalGeneration``): ``tiny_qwen3_5_config``'s text
+    model (256 positions) beside a one-block vision tower."""
+    from transformers import Qwen3_5Config
+
+    text = tiny_qwen3_5_config(width, **{"max_position_embeddings": 256, **text_overrides}).to_dict()
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
+                  patch_size=4, temporal_patch_size=2, spatial_merge_size=2)
+    return Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+
+
 def save_random_qwen3_5(path: Path, config, seed: int = 0) -> Path:
     """A ``Qwen3_5ForCausalLM`` of ``config`` with transformers' seeded random init, saved in bf16 at ``path``."""
     from transformers import Qwen3_5ForCausalLM

@@ -71,7 +71,7 @@ def inspect_checkpoint(path: str | Path, check_values: bool = True, progress: bo
         report["error"] = str(e)
         return report
     report["tied_embeddings"] = plan.tied_head
-    report.update(_bytes_per_token(reader, plan.tied_head))
+    report.update(_bytes_per_token(reader, plan))
     if check_values:
         try:
             reader.validate_values(plan.layers(), tuple(plan.tensors), progress=progress)
@@ -123,16 +123,19 @@ def _layer_summary(reader) -> dict:
                 total_weight_bytes=stored)
 
 
-def _bytes_per_token(reader, tied: bool) -> dict:
+def _bytes_per_token(reader, plan) -> dict:
+    """The weight bytes a decode step reads: the layers the runner reads (not an MTP head's or a vision tower's)."""
+    tied = plan.tied_head
+    layers = [l for l in reader.layers if l.name in plan.linears or f"{l.name}.weight" in plan.tensors]
     per_token = bf16 = 0
-    for layer in reader.layers:
+    for layer in layers:
         nbytes = _stored_bytes(reader, layer)
         if _is_embedding(layer):
             per_token += nbytes // max(layer.out_features, 1)  # one row is gathered per token
         else:
             per_token += layer.weight_bytes if layer.format is not WeightFormat.NONE else nbytes
             bf16 += layer.out_features * layer.in_features * BF16_BYTES
-    emb = next((l for l in reader.layers if _is_embedding(l)), None)
+    emb = next((l for l in layers if _is_embedding(l)), None)
     if tied and emb is not None:  # the output head reads the whole embedding matrix every token
         per_token += _stored_bytes(reader, emb)
         bf16 += emb.out_features * emb.in_features * BF16_BYTES

@@ -36,8 +36,10 @@ from .quant_config import CONFIG, HF_QUANT_CONFIG, WeightFormat, module_matches,
 from .tensor_index import INDEX_FILE, SINGLE_FILE, TensorIndex
 
 # Left unquantized unless asked (as ModelOpt's defaults leave them): the head, the embeddings, a Gated DeltaNet's
-# two per-head projections (its decay and write-strength inputs) and a multi-token-prediction head (``mtp``).
-DEFAULT_EXCLUDE = ("lm_head", "*embed_tokens", "*linear_attn.in_proj_a", "*linear_attn.in_proj_b", "mtp")
+# two per-head projections (its decay and write-strength inputs), a multi-token-prediction head (``mtp``) and a
+# vision-language checkpoint's vision tower (``model.visual``: the runner reads only the text model).
+DEFAULT_EXCLUDE = ("lm_head", "*embed_tokens", "*linear_attn.in_proj_a", "*linear_attn.in_proj_b", "mtp",
+                   "model.visual")
 # Sibling projections that read the same input and run as one fused GEMM (NVFP4: one global scale).
 FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("in_proj_qkv", "in_proj_z"))
 ATTENTION_PATTERNS = ("*self_attn.*", "*attention.*", "*attn.*")

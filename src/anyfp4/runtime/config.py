@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -18,7 +18,8 @@ HYBRID_MODEL_TYPES = ("qwen3_5_text",)  # Gated DeltaNet layers beside gated ful
 LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
 # Hybrids whose MLPs are mixtures of experts: refused with their own message until experts are supported.
 HYBRID_MOE_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
-HYBRID_VISION_LANGUAGE_MODEL_TYPE = "qwen3_5"  # Qwen3_5ForConditionalGeneration: the text model inside a VLM
+# A vision-language checkpoint whose text model the runner runs (the vision tower is not read).
+HYBRID_VISION_LANGUAGE_MODEL_TYPE, VISION_LANGUAGE_ARCHITECTURE = "qwen3_5", "Qwen3_5ForConditionalGeneration"
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok")
 FLOAT32_TINY = 2.0**-126  # the smallest normal float32: the RMSNorm epsilon is added in float32
 
@@ -124,6 +125,11 @@ class ModelArgs:
     rotary_dim: int = 0  # the leading dims of a head that RoPE rotates (0: all of them)
     attn_output_gate: bool = False  # q_proj also gives a gate: attention output * sigmoid(gate)
     zero_centered_norms: bool = False  # RMSNorm weights stored as w, applied as 1 + w
+    # Where the decoder's tensors are stored (embed_tokens, layers.N, norm), and a vision tower's, which the runner
+    # does not read: a vision-language checkpoint's text model is stored under model.language_model.
+    weights_prefix: str = "model."
+    vision_prefix: str = ""
+    wrapper: str = ""  # the transformers class that holds the text model ("": the model is the checkpoint's class)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -140,6 +146,8 @@ class ModelArgs:
     @property
     def architecture(self) -> str:
         """The transformers class this model computes as."""
+        if self.wrapper:
+            return f"{self.wrapper}'s text model ({ARCHITECTURES[self.model_type]})"
         return ARCHITECTURES[self.model_type]
 
     @classmethod
@@ -158,10 +166,7 @@ class ModelArgs:
                                         "supported yet (their dense Qwen3.5 relatives, 'qwen3_5_text', are)",
                                         file=source)
         if model_type == HYBRID_VISION_LANGUAGE_MODEL_TYPE:
-            raise UnsupportedModelError(
-                f"model_type {model_type!r} ({archs}): the vision-language form of Qwen3.5 (its text model under "
-                "model.language_model.*, a vision tower under model.visual.*) is not supported yet; its text model "
-                "alone runs ('qwen3_5_text', Qwen3_5ForCausalLM, tensors under model.*)", file=source)
+            return _text_model_of_vision_language(cls, f)
         if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} ({archs}) is not supported; anyfp4 runs "
@@ -205,6 +210,32 @@ class ModelArgs:
             qk_norm=model_type in ("qwen3",) + HYBRID_MODEL_TYPES,
             **hybrid,
         )
+
+
+def _text_model_of_vision_language(cls, f: _Fields) -> ModelArgs:
+    """A Qwen3.5 vision-language checkpoint (``Qwen3_5ForConditionalGeneration``): its text model, read from
+    ``text_config`` and stored under ``model.language_model.``; the vision tower (``model.visual.``) is not run."""
+    archs = f.config.get("architectures")
+    if archs is not None and archs != [VISION_LANGUAGE_ARCHITECTURE]:
+        raise UnsupportedModelError(f"'architectures' {archs} does not match model_type "
+                                    f"{HYBRID_VISION_LANGUAGE_MODEL_TYPE!r}: anyfp4 would run the text model of "
+                                    f"{VISION_LANGUAGE_ARCHITECTURE}", file=f.source)
+    text = f.object("text_config")
+    if not text:
+        raise f.fail(f"model_type {HYBRID_VISION_LANGUAGE_MODEL_TYPE!r} needs a 'text_config' object (its text model)")
+    if text.get("model_type", HYBRID_MODEL_TYPES[0]) != HYBRID_MODEL_TYPES[0]:
+        raise UnsupportedModelError(f"'text_config' has model_type {text['model_type']!r}; a Qwen3.5 vision-language "
+                                    f"model's text model is {HYBRID_MODEL_TYPES[0]!r}", file=f.source)
+    tie = {k: c["tie_word_embeddings"] for k, c in (("config.json", f.config), ("text_config", text))
+           if c.get("tie_word_embeddings") is not None}
+    if len(set(tie.values())) > 1:
+        raise f.fail(f"'tie_word_embeddings' is {tie['config.json']} at the top and {tie['text_config']} in "
+                     "'text_config': they disagree on the output head")
+    inner = {**text, "model_type": HYBRID_MODEL_TYPES[0], "architectures": None,
+             "tie_word_embeddings": next(iter(tie.values()), False)}
+    args = cls.from_hf(inner, f.source)
+    return replace(args, weights_prefix="model.language_model.", vision_prefix="model.visual.",
+                   wrapper=VISION_LANGUAGE_ARCHITECTURE)
 
 
 def _check_architecture(f: _Fields, model_type: str, archs: object) -> None:

@@ -19,7 +19,7 @@ from .config import LINEAR_ATTENTION, ModelArgs
 from .gated_deltanet import GatedDeltaNet
 from .model import Attention, Block, RMSNorm, Transformer
 from .mtp import MTPHead
-from .plan import MTP_LAYER, MTP_NORMS, MTP_PREFIX, ModelPlan, plan_checkpoint
+from .plan import MTP_LAYER, MTP_NORMS, MTP_PREFIX, ModelPlan, embedding, final_norm, layer_prefix, plan_checkpoint
 
 
 class WeightSource:
@@ -90,7 +90,7 @@ def _gated_deltanet(src: WeightSource, args: ModelArgs, p: str, device, dtype) -
 
 def _block(src: WeightSource, args: ModelArgs, i: int, device, dtype, prefix: str | None = None) -> Block:
     """Decoder layer ``i`` (``prefix``: a full-attention layer of other names, an MTP head's)."""
-    p, h = prefix or f"model.layers.{i}.", args.hidden_size
+    p, h = prefix or layer_prefix(args, i), args.hidden_size
     linear_attention = prefix is None and args.layer_type(i) == LINEAR_ATTENTION
     mixer = _gated_deltanet(src, args, p, device, dtype) if linear_attention else _attention(src, args, p, device, dtype)
     i_size = args.intermediate_size
@@ -117,10 +117,10 @@ def _attention(src: WeightSource, args: ModelArgs, p: str, device, dtype) -> Att
 
 
 def build_model(args: ModelArgs, src: WeightSource, device, dtype, progress: bool = True) -> Transformer:
-    embed = src.tensor("model.embed_tokens.weight", (args.vocab_size, args.hidden_size), device, dtype)
+    embed = src.tensor(embedding(args), (args.vocab_size, args.hidden_size), device, dtype)
     blocks = [_block(src, args, i, device, dtype)
               for i in tqdm(range(args.num_layers), desc="loading", unit="layer", disable=not progress)]
-    norm = _norm(src, args, "model.norm.weight", args.hidden_size, device, dtype)
+    norm = _norm(src, args, final_norm(args), args.hidden_size, device, dtype)
     if src.has_linear("lm_head"):
         w, b = src.linear("lm_head", args.vocab_size, args.hidden_size)
         lm_head = make_linear(w, b, device, dtype)

@@ -9,7 +9,8 @@ shape, biases where the architecture has them and nowhere else, the norms, an ``
 embeddings are tied (and not as well), and no other tensor (a stored tensor the runner would not read
 means config and weights describe different models: a MoE's experts, an extra layer, a bias) — a Qwen3.5 hybrid's
 multi-token-prediction head (``mtp.*``) aside, which is stored beside the model and planned on its own
-(``plan_mtp``, for ``--speculate mtp``).
+(``plan_mtp``, for ``--speculate mtp``), and a vision-language checkpoint's vision tower (``ModelArgs.vision_prefix``),
+which the text model does not read. The decoder's tensors sit under ``ModelArgs.weights_prefix``.
 """
 
 from __future__ import annotations
@@ -25,15 +26,24 @@ from ..checkpoint.modules import FLOAT_DTYPES, IGNORED_SUFFIXES, LayerSpec
 from ..checkpoint.reader import CheckpointReader
 from .config import LINEAR_ATTENTION, ModelArgs, UnsupportedModelError
 
-EMBEDDING = "model.embed_tokens.weight"
-FINAL_NORM = "model.norm.weight"
 LM_HEAD = "lm_head"
 # Stored tensors no decoder reads: KV-cache / activation scales, old exports' RoPE buffers.
 UNREAD_SUFFIXES = IGNORED_SUFFIXES + ("inv_freq",)
-_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 # A hybrid's multi-token-prediction head (a draft for speculative decoding): stored beside the model, read only by
 # plan_mtp / load_mtp.
 MTP_PREFIX = "mtp."
+
+
+def embedding(args: ModelArgs) -> str:
+    return f"{args.weights_prefix}embed_tokens.weight"
+
+
+def final_norm(args: ModelArgs) -> str:
+    return f"{args.weights_prefix}norm.weight"
+
+
+def layer_prefix(args: ModelArgs, i: int) -> str:
+    return f"{args.weights_prefix}layers.{i}."
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,7 @@ class ModelPlan:
 
 def block_linears(args: ModelArgs, i: int, prefix: str | None = None) -> dict[str, LinearPlan]:
     """Decoder layer ``i``'s linears (``prefix``: another layer's names, full attention: an MTP head's layer)."""
-    p, h, hd = prefix or f"model.layers.{i}.", args.hidden_size, args.head_dim
+    p, h, hd = prefix or layer_prefix(args, i), args.hidden_size, args.head_dim
     q, kv, inter = args.num_heads * hd, args.num_kv_heads * hd, args.intermediate_size
     if prefix is None and args.layer_type(i) == LINEAR_ATTENTION:
         g = args.gdn
@@ -91,7 +101,7 @@ def block_linears(args: ModelArgs, i: int, prefix: str | None = None) -> dict[st
 
 
 def block_tensors(args: ModelArgs, i: int, prefix: str | None = None) -> dict[str, tuple[int, ...]]:
-    p, h = prefix or f"model.layers.{i}.", args.hidden_size
+    p, h = prefix or layer_prefix(args, i), args.hidden_size
     out = {f"{p}input_layernorm.weight": (h,), f"{p}post_attention_layernorm.weight": (h,)}
     if prefix is None and args.layer_type(i) == LINEAR_ATTENTION:
         g = args.gdn
@@ -106,18 +116,19 @@ def block_tensors(args: ModelArgs, i: int, prefix: str | None = None) -> dict[st
 def model_needs(args: ModelArgs, untied_head: bool) -> tuple[dict[str, LinearPlan], dict[str, tuple[int, ...]]]:
     """Every linear and every other tensor the decoder for ``args`` reads, in the order it reads them."""
     linears: dict[str, LinearPlan] = {}
-    tensors: dict[str, tuple[int, ...]] = {EMBEDDING: (args.vocab_size, args.hidden_size)}
+    tensors: dict[str, tuple[int, ...]] = {embedding(args): (args.vocab_size, args.hidden_size)}
     for i in range(args.num_layers):
         linears.update(block_linears(args, i))
         tensors.update(block_tensors(args, i))
-    tensors[FINAL_NORM] = (args.hidden_size,)
+    tensors[final_norm(args)] = (args.hidden_size,)
     if untied_head:
         linears[LM_HEAD] = LinearPlan(args.vocab_size, args.hidden_size, False)
     return linears, tensors
 
 
 def _check_layer_count(reader: CheckpointReader, args: ModelArgs) -> None:
-    stored = sorted({int(m.group(1)) for n in reader.index.names() if (m := _LAYER.match(n))})
+    layer = re.compile(re.escape(args.weights_prefix) + r"layers\.(\d+)\.")
+    stored = sorted({int(m.group(1)) for n in reader.index.names() if (m := layer.match(n))})
     if stored != list(range(args.num_layers)):
         held = f"decoder layers {stored[0]}-{stored[-1]} ({len(stored)} of them)" if stored else "no decoder layers"
         raise CheckpointError(f"'num_hidden_layers' is {args.num_layers} but the weights hold {held}: config.json "
@@ -175,7 +186,8 @@ def _check_tensor(reader: CheckpointReader, name: str, shape: tuple[int, ...]) -
 
 def _check_nothing_else(reader: CheckpointReader, read: set[str], args: ModelArgs) -> None:
     extra = [n for n in reader.index.names() if n not in read and not n.endswith(UNREAD_SUFFIXES)
-             and not (args.layer_types and n.startswith(MTP_PREFIX))]
+             and not (args.layer_types and n.startswith(MTP_PREFIX))
+             and not (args.vision_prefix and n.startswith(args.vision_prefix))]
     if extra:
         raise CheckpointError(f"{len(extra)} stored tensor(s) that the model for config.json would not read, e.g. "
                               f"{extra[:3]}: config.json and the weights describe different models",
