@@ -76,6 +76,24 @@ def test_a_hybrid_over_two_ranks_equals_one_process(tmp_path, fmt):
     assert generate_tp(ckpt, prompts, params, tp=2, port=free_port()) == single
 
 
+@pytest.mark.slow
+def test_a_vision_language_checkpoints_text_model_over_two_ranks_equals_one_process(tmp_path):
+    """The text model of a Qwen3.5 vision-language checkpoint (under model.language_model., a vision tower beside
+    it): two ranks decode a left-padded batch as one process does."""
+    import transformers as tf
+
+    from helpers import tiny_qwen3_5_vision_language_config
+
+    torch.manual_seed(0)
+    tf.Qwen3_5ForConditionalGeneration(tiny_qwen3_5_vision_language_config()).to(torch.bfloat16).save_pretrained(
+        str(tmp_path / "src"))
+    ckpt = quantize_checkpoint(tmp_path / "src", tmp_path / "q", QuantizeOptions(format=TargetFormat.MIXED,
+                                                                                 progress=False)).dst
+    prompts, params = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]], SamplingParams(max_new_tokens=8)
+    model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    assert generate_tp(ckpt, prompts, params, tp=2, port=free_port()) == generate(model, prompts, params)
+
+
 def test_a_hybrid_split_its_heads_do_not_divide_is_refused():
     from anyfp4.parallel.sharding import check_divisible
     from anyfp4.runtime.config import ModelArgs
