@@ -59,7 +59,7 @@ def test_uneven_split_is_refused_before_spawning(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["mixed", "nvfp4", "bf16"])
+@pytest.mark.parametrize("fmt", ["mixed", "nvfp4", "fp8", "bf16"])
 def test_a_hybrid_over_two_ranks_equals_one_process(tmp_path, fmt):
     """A Qwen3.5 hybrid: each rank keeps half the Gated DeltaNet key and value heads (q / k / v sections of
     in_proj_qkv and of the convolution split alike), half the attention heads; a left-padded batch decodes as in one
