@@ -5,6 +5,10 @@ and generate() itself with each step launched before or after the previous step'
 
     PYTHONPATH=src python benchmarks/probes/step_gaps.py --models llama-3.1-8b:nvfp4 qwen3.5-27b:mixed \
         --out step_gaps.json
+
+2026-12-05, H100 (results/step_gaps_h100.json): launching a step's graph costs the host 0.1-0.3 ms, which a wait
+for the device before each launch left the GPU idle for; with generate launching ahead (tokens read through pinned
+memory) a step through generate took as long as the graph back to back (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
