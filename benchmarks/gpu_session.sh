@@ -11,7 +11,7 @@
 #   bash benchmarks/gpu_session.sh runner    # e2e_runner, step profile, speculative decoding
 #   bash benchmarks/gpu_session.sh tp        # two GPUs: all-reduce probe, bench --tp 2, TP1/TP2 agreement
 #   bash benchmarks/gpu_session.sh hybrid    # Qwen3.5-27B hybrid: GPU tests, bench vs bf16, MTP, rejected drafts,
-#                                            # step profile, Gated DeltaNet prefill chunked vs recurrent
+#                                            # step profile, Gated DeltaNet prefill: torch, recurrent, chunked
 #   TOKENIZER=DIR bash benchmarks/gpu_session.sh serve  # anyfp4 serve --max-batch 16: 16 clients vs the runner's
 #                                            # batch and `bench --batch 16` (needs the serve extra's wheels)
 #   bash benchmarks/gpu_session.sh early     # every kernel of a step launched early: its GPU tests, then bench with
@@ -113,7 +113,9 @@ hybrid)
         --out "$OUT/speculative_step.json"
     timeout 100 python3 benchmarks/probes/step_profile.py --arch qwen3.5-27b --formats mixed --out "$OUT/step_profile_q35.json" \
         > "$OUT/step_profile_q35.log" 2>&1; grep -A12 "==" "$OUT/step_profile_q35.log" | cut -c1-120
-    for mode in chunked recurrent; do
+    timeout 150 python3 benchmarks/kernels/gdn_prefill.py ${COMMIT:+--commit $COMMIT} --out "$OUT/gdn_prefill.json" 2>&1 \
+        | tail -6
+    for mode in torch recurrent chunked; do
         ANYFP4_GDN_PREFILL=$mode q35 bench_q35_prefill_$mode --format mixed --prompt-len 2048 --gen-len 16
     done
     ;;

@@ -81,15 +81,16 @@ def prefill_mode() -> str:
     return _choice("ANYFP4_PREFILL", PREFILL_MODES, "cublas")
 
 
-GDN_PREFILL_MODES = ("chunked", "recurrent")
+GDN_PREFILL_MODES = ("torch", "recurrent", "chunked")
 
 
 def gdn_prefill_mode() -> str:
     """``ANYFP4_GDN_PREFILL``: how a Gated DeltaNet layer runs a prompt of more than 32 tokens on a GPU.
-    ``chunked`` (default): the pure-torch chunked form (matrix products per chunk of 64); ``recurrent``: the step
-    kernels through every token (a prefill then gives the bits of decode steps; being measured against
-    ``chunked``). Read inside the op."""
-    return _choice("ANYFP4_GDN_PREFILL", GDN_PREFILL_MODES, "chunked")
+    ``torch`` (default): the pure-torch chunked form (matrix products per chunk of 64, a chain of small launches);
+    ``recurrent``: the step kernels through every token (a prefill then gives the bits of decode steps);
+    ``chunked``: the Triton chunked kernels (all chunks' triangular solves at once, then one pass over the chunks).
+    The two kernel modes are being measured against ``torch``. Read inside the op."""
+    return _choice("ANYFP4_GDN_PREFILL", GDN_PREFILL_MODES, "torch")
 
 
 FP8_PREFILL_MODES = ("weight-only", "w8a8")

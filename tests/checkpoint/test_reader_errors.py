@@ -149,12 +149,29 @@ def test_index_names_tensor_absent_from_shard(tmp_path):
     expect_error(dst, "does not hold it", "model.layers.9.ghost.weight")
 
 
-def test_config_names_layers_absent_from_weights(tmp_path):
+def test_config_listing_modules_not_stored_is_tolerated_with_a_note(tmp_path):
+    """ModelOpt's quantized_layers may name modules its export leaves out: read, said in one line; a stored
+    module missing from the list is still refused."""
+    from anyfp4.checkpoint.inspection import inspect_checkpoint
+    from anyfp4.runtime.plan import plan_checkpoint
+
     src = write_float_checkpoint(tmp_path / "src")
     dst = quantize_checkpoint(src, tmp_path / "mixed", QuantizeOptions(format=TargetFormat.MIXED, progress=False)).dst
     edit_json(dst / "hf_quant_config.json", lambda d: d["quantization"]["quantized_layers"].update(
         {"model.layers.7.mlp.up_proj": {"quant_algo": "NVFP4", "group_size": 16}}))
-    expect_error(dst, "quantized_layers names 1 module\\(s\\) absent from the weights.*layers.7.mlp.up_proj")
+    note = CheckpointReader(dst).notes
+    assert len(note) == 1 and "quantized_layers lists 1 module(s) whose weights are not stored" in note[0]
+    assert "model.layers.7.mlp.up_proj" in note[0] and "\n" not in note[0]
+    report = inspect_checkpoint(dst, check_values=False)
+    assert report["valid"] and report["notes"] == list(note), report
+    with pytest.warns(UserWarning, match="layers.7.mlp.up_proj; ignored"):
+        plan_checkpoint(dst)
+
+    def drop_a_stored_entry(d):
+        layers = d["quantization"]["quantized_layers"]
+        layers.pop(next(m for m in layers if m.endswith("mlp.down_proj")))
+    edit_json(dst / "hf_quant_config.json", drop_a_stored_entry)
+    expect_error(dst, "makes model.layers.0.mlp.down_proj unquantized")
 
 
 def test_quantized_weight_in_an_excluded_layer(nvfp4):

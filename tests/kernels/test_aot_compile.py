@@ -19,6 +19,7 @@ from anyfp4.kernels.triton.nvfp4_decode import act_block_pack_kernel, nvfp4_deco
 from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequant_kernel
 from anyfp4.kernels.triton.nvfp4_epilogue import splitk_reduce_kernel
 from anyfp4.kernels.triton.nvfp4_gemv import nvfp4_gemv_kernel
+from anyfp4.kernels.gdn.chunked import PASS_WARPS, PREP_WARPS, chunk_pass_kernel, chunk_prep_kernel, chunk_tokens
 from anyfp4.kernels.gdn.step import conv_kernel, delta_rule_kernel, gated_norm_kernel
 from anyfp4.kernels.triton.dense_gemv import dense_gemv_kernel
 from anyfp4.kernels.glue.rms_norm import add_rms_norm_kernel, rms_norm_kernel
@@ -40,13 +41,14 @@ DECODE_VARIANTS = [(16, 64, 256, False, True, False, False), (32, 128, 128, True
                    (16, 32, 256, True, False, False, True)]
 
 
-def compile_for(fn, signature, constexprs, cc, num_warps=4, aligned=()):
+def compile_for(fn, signature, constexprs, cc, num_warps=4, aligned=(), num_stages=3):
     """``aligned``: arguments the launch would specialise as multiples of 16 (pointers, strides)."""
     sig = dict(signature)
     sig.update({k: "constexpr" for k in constexprs})
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": num_warps, "num_stages": 3})
+    return triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": num_warps,
+                                                                            "num_stages": num_stages})
 
 
 def code_words_load_16_bytes(cc):
@@ -182,11 +184,38 @@ def gdn_kernels_compile(act, cc):
                "q_scale": "fp32"}
         compile_for(delta_rule_kernel, sig, {"K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BV": 32,
                                              "HAS_VALID": snap, "SNAP": snap, "INTERPRET": False, "EARLY": early}, cc)
+    for chunk in (32, 64):  # the chunked prefill kernels (chunks of 32 tokens where shared memory is short)
+        for valid in (False, True):
+            sig = {**{n: f"*{act}" for n in ("mixed_ptr", "a_ptr", "b_ptr")}, "neg_a_ptr": "*fp32",
+                   "dt_bias_ptr": "*fp32", **{n: "*fp32" for n in ("valid_ptr", "w_ptr", "u_ptr", "p_ptr", "gamma_ptr")},
+                   **{n: "i32" for n in ("T", "v_heads", "stride_mb", "stride_mt", "stride_ab", "stride_at",
+                                         "stride_bb", "stride_bt", "stride_vb")}, "q_scale": "fp32"}
+            fits_shared_memory(compile_for(chunk_prep_kernel, sig, {
+                "K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BDV": 128, "C": chunk, "HAS_VALID": valid,
+                "EARLY": early}, cc, num_warps=PREP_WARPS, num_stages=1), cc, chunk)
+        sig = {"mixed_ptr": f"*{act}", **{n: "*fp32" for n in ("w_ptr", "u_ptr", "p_ptr", "gamma_ptr", "state_ptr")},
+               "out_ptr": f"*{act}", **{n: "i32" for n in ("T", "CHUNKS", "v_heads", "stride_mb", "stride_mt",
+                                                           "stride_ob", "stride_ot")}, "q_scale": "fp32"}
+        fits_shared_memory(compile_for(chunk_pass_kernel, sig, {
+            "K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BDV": 128, "BV": 32, "C": chunk, "INTERPRET": False,
+            "EARLY": early}, cc, num_warps=PASS_WARPS, num_stages=1), cc, chunk)
     for norm_w in (act, "fp32"):
         compile_for(gated_norm_kernel, {"x_ptr": f"*{act}", "z_ptr": f"*{act}", "w_ptr": f"*{norm_w}",
                                         "out_ptr": f"*{act}", **{n: "i32" for n in ("heads", "stride_xr", "stride_zr",
                                                                                    "stride_or")}, "eps": "fp32"},
                     {"D": 128, "BD": 128, "INTERPRET": False, "EARLY": early}, cc, num_warps=1)
+
+
+# the most shared memory a block may ask for (opt-in maximum), by compute capability
+SHARED_MEMORY_LIMIT = {70: 96 << 10, 75: 64 << 10, 80: 163 << 10, 86: 99 << 10, 89: 99 << 10, 90: 227 << 10}
+
+
+def fits_shared_memory(kernel, cc, chunk):
+    """A chunked kernel compiled for chunks of ``chunk`` tokens fits the shared memory of sm_``cc`` if the
+    launcher picks that chunk there."""
+    if chunk == chunk_tokens(SHARED_MEMORY_LIMIT[cc]) and kernel.metadata.shared > SHARED_MEMORY_LIMIT[cc]:
+        raise SystemExit(f"{kernel.name} asks for {kernel.metadata.shared} bytes of shared memory on sm_{cc}, "
+                         f"more than {SHARED_MEMORY_LIMIT[cc]}")
 
 
 @pytest.mark.parametrize("cc", ARCHS)

@@ -54,6 +54,7 @@ def inspect_checkpoint(path: str | Path, check_values: bool = True, progress: bo
         return report
     report["producer"] = reader.scheme.producer
     report["quant_algo"] = reader.scheme.algo
+    report["notes"] = list(reader.notes)
     report.update(_layer_summary(reader))
     try:
         plan = plan_model(reader)
@@ -173,6 +174,8 @@ def print_report(report: dict) -> None:
             f"compression {report['compression_vs_bf16']:.2f}x)"
             + ("   [tied embeddings: lm_head reads the embedding matrix]" if report["tied_embeddings"] else "")
         )
+    for note in report.get("notes", ()):
+        console.print(f"[yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
     if report["valid"]:
         checked = "structure, config and values" if report.get("values_checked") else "structure and config; values not"
         mixers = report.get("layer_types")

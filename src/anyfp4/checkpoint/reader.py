@@ -20,7 +20,7 @@ from ..formats.fp8 import E4M3_NAN_MASK, FP8Weight
 from ..formats.nvfp4 import NVFP4Weight
 from .errors import CheckpointError
 from .files import check_entries, read_json_object
-from .modules import LayerSpec, describe_layers, linear_modules
+from .modules import LayerSpec, describe_layers, linear_modules, listed_but_unstored
 from .quant_config import CONFIG, QuantScheme, WeightFormat, check_schemes_agree, quant_schemes
 from .tensor_index import TensorIndex
 from .values import (FP8_SCALE_RANGE, NVFP4_RECIPROCAL_SCALE_RANGE, NVFP4_SCALE_RANGE, check_float_values,
@@ -38,6 +38,8 @@ class CheckpointReader:
         self.index = TensorIndex(self.root)
         check_schemes_agree(schemes, linear_modules(self.scheme, self.index))
         self.layers: list[LayerSpec] = describe_layers(self.scheme, self.index)
+        note = listed_but_unstored(self.scheme, self.index)
+        self.notes: tuple[str, ...] = (note,) if note else ()  # one line each: what was tolerated
         self.layer_by_name = {layer.name: layer for layer in self.layers}
 
     @cached_property

@@ -2,10 +2,12 @@
 convolution over a rolling state) and ``gated_delta_step`` (the gates, the delta rule and the gated RMSNorm), each
 with optional snapshots of its state after every token; and the pieces ``gated_delta`` (the delta rule alone) and
 ``gated_rms_norm``. On CUDA the first two run the Triton kernels of ``kernels.gdn.step`` for steps of up to
-DECODE_ROWS tokens (token by token through the state: a verify pass gives the bits of decode steps), and for
-prompts with ``ANYFP4_GDN_PREFILL=recurrent``; otherwise the pure-torch definitions of ``kernels.gdn.reference``:
-one token at a time up to DECODE_ROWS tokens on the CPU (each as a decode step computes it), beyond that the
-convolution at once and the delta rule in chunks of PREFILL_CHUNK."""
+DECODE_ROWS tokens (token by token through the state: a verify pass gives the bits of decode steps); a prompt runs
+as ``ANYFP4_GDN_PREFILL`` says (``env.gdn_prefill_mode``): the step kernels (``recurrent``), the convolution kernel
+and the chunked kernels of ``kernels.gdn.chunked`` (``chunked``), or the pure-torch definitions of
+``kernels.gdn.reference`` (``torch``). On the CPU the definitions: one token at a time up to DECODE_ROWS tokens
+(each as a decode step computes it), beyond that the convolution at once and the delta rule in chunks of
+PREFILL_CHUNK."""
 
 from __future__ import annotations
 
@@ -17,12 +19,18 @@ from ..dispatch.limits import DECODE_ROWS
 PREFILL_CHUNK = 64  # tokens per chunk of the pure-torch delta rule beyond DECODE_ROWS tokens
 
 
-def _kernels_take(x: Tensor, snapshots: Tensor | None) -> bool:
-    """Whether the CUDA kernels run this call: on a GPU, steps of up to DECODE_ROWS tokens (or with snapshots),
-    and prompts with ``ANYFP4_GDN_PREFILL=recurrent``."""
+def _gpu_path(x: Tensor, snapshots: Tensor | None) -> str | None:
+    """Which kernels run this call: ``"step"`` (token by token), ``"chunked"`` (a prompt in chunks; the
+    convolution's kernel is the step one) or None (the pure-torch definitions). On a GPU, steps of up to
+    DECODE_ROWS tokens and calls with snapshots take the step kernels, prompts what ``ANYFP4_GDN_PREFILL`` says."""
     from ..env import gdn_prefill_mode
 
-    return x.is_cuda and (x.shape[1] <= DECODE_ROWS or snapshots is not None or gdn_prefill_mode() == "recurrent")
+    if not x.is_cuda:
+        return None
+    if x.shape[1] <= DECODE_ROWS or snapshots is not None:
+        return "step"
+    mode = gdn_prefill_mode()
+    return {"recurrent": "step", "chunked": "chunked"}.get(mode)
 
 
 def _check_snapshots(snapshots: Tensor | None, state: Tensor, t: int, what: str) -> None:
@@ -68,7 +76,7 @@ def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor, snapshots: Tensor
         raise ValueError(f"causal_conv: x {tuple(x.shape)}, weight {tuple(weight.shape)} and state "
                          f"{tuple(conv_state.shape)} disagree (want (b, t, ch), (ch, kernel), (b, ch, kernel - 1))")
     _check_snapshots(snapshots, conv_state, x.shape[1], "causal_conv")
-    if _kernels_take(x, snapshots):
+    if _gpu_path(x, snapshots):  # the convolution kernel runs the tokens in parallel in either mode
         from ..kernels.gdn.step import conv
 
         return conv(x, weight, conv_state, snapshots)
@@ -113,10 +121,15 @@ def gated_delta_step(mixed: Tensor, a: Tensor, b: Tensor, z: Tensor, neg_a: Tens
     if valid is not None and tuple(valid.shape) != (bsz, t):
         raise ValueError(f"gated_delta_step: valid has shape {tuple(valid.shape)}, want {(bsz, t)}")
     _check_snapshots(snapshots, state, t, "gated_delta_step")
-    if _kernels_take(mixed, snapshots):
+    path = _gpu_path(mixed, snapshots)
+    if path == "step":
         from ..kernels.gdn.step import delta_rule
 
         return delta_rule(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid, snapshots)
+    if path == "chunked":
+        from ..kernels.gdn.chunked import chunked_delta_rule
+
+        return chunked_delta_rule(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid)
     if t <= DECODE_ROWS:  # token by token, each as a decode step computes it (CPU elementwise kernels round by a
         outs = []         # value's place in the call)
         for i in range(t):

@@ -16,6 +16,7 @@ which the text model does not read. The decoder's tensors sit under ``ModelArgs.
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -239,4 +240,8 @@ def plan_mtp(plan: ModelPlan) -> ModelPlan:
 
 
 def plan_checkpoint(path: str | Path) -> ModelPlan:
-    return plan_model(CheckpointReader(path))
+    """The plan of the checkpoint at ``path``; what its reader tolerated is said as a warning, a line each."""
+    reader = CheckpointReader(path)
+    for note in reader.notes:
+        warnings.warn(f"anyfp4: {note}", stacklevel=2)
+    return plan_model(reader)

@@ -191,8 +191,17 @@ def delta_rule(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.T
         snap.stride(0) if snapshots is not None else 0, snap.stride(1) if snapshots is not None else 0, dk ** -0.5,
         K_HEADS=k_heads, DK=dk, DV=dv, BK=bk, BV=bv, HAS_VALID=valid is not None, SNAP=snapshots is not None,
         INTERPRET=triton_interpret(), num_warps=max(1, min(8, bk * bv // 1024)), **early)
-    y2, z2 = y.view(rows * t, v_heads * dv), z.reshape(rows * t, v_heads * dv)
+    return gated_norm(y, z, norm_weight, eps)
+
+
+def gated_norm(y: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """In place: each head's dv values of y (b, t, hv dv), contiguous, RMS-normalized times ``norm_weight`` (dv,),
+    times silu(z) (b, t, hv dv) -> y."""
+    rows, t, width = y.shape
+    dv = norm_weight.shape[0]
+    v_heads = width // dv
+    y2, z2 = y.view(rows * t, width), _last_contiguous(z).reshape(rows * t, width)
     gated_norm_kernel[(rows * t * v_heads,)](
         y2, z2, norm_weight, y2, v_heads, y2.stride(0), z2.stride(0), y2.stride(0), float(eps), D=dv,
-        BD=triton.next_power_of_2(dv), INTERPRET=triton_interpret(), num_warps=1, **early)
+        BD=triton.next_power_of_2(dv), INTERPRET=triton_interpret(), num_warps=1, **early_launch_args(y.device))
     return y
