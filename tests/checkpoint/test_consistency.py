@@ -51,8 +51,11 @@ CASES = [
     ("mixtral-as-llama", config(architectures=["MixtralForCausalLM"]), None,
      "'architectures' ['MixtralForCausalLM'] does not match model_type 'llama': anyfp4 would run it as "
      "LlamaForCausalLM"),
-    ("moe-model-type", config(model_type="mixtral", architectures=["MixtralForCausalLM"]), None,
-     "model_type 'mixtral' (['MixtralForCausalLM']) is not supported"),
+    ("moe-model-type", config(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"]), None,
+     "model_type 'qwen2_moe' (['Qwen2MoeForCausalLM']) is not supported"),
+    ("mixtral-config-dense-tensors", config(model_type="mixtral", architectures=["MixtralForCausalLM"],
+                                            num_local_experts=4, num_experts_per_tok=2), None,
+     "the model needs linear 'model.layers.0.block_sparse_moe.gate', which the checkpoint does not hold"),
     ("moe-keys", config(num_local_experts=8), None,
      "mixture-of-experts models ('num_local_experts' = 8) are not supported"),
     ("moe-tensors", None, put(L0 + "mlp.experts.0.w1.weight", lambda t: torch.zeros(96, 64)),

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from anyfp4.checkpoint.errors import CheckpointError
 from anyfp4.checkpoint.reader import CheckpointReader
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
-from helpers import tiny_qwen3_5_config
+from helpers import MOE_CLASSES, tiny_moe_config, tiny_qwen3_5_config
 
 pytest.importorskip("modelopt", reason="nvidia-modelopt (the 'interop' extra) is not installed")
 EXPORT_SCRIPT = Path(__file__).with_name("modelopt_export.py")
@@ -150,3 +150,20 @@ def test_random_qwen3_5_hybrid_matches_modelopt(random_qwen3_5, tmp_path, fmt):
                                QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
     assert assert_same_tensors(ours, theirs) > 75
     assert_same_description(ours, theirs)
+
+
+@pytest.mark.parametrize("arch, fmt", [("qwen3_moe", "nvfp4"), ("qwen3_moe", "fp8"), ("qwen3_moe", "mixed"),
+                                       ("mixtral", "nvfp4")])
+def test_random_moe_matches_modelopt(tmp_path, arch, fmt):
+    """Mixtures of experts: every expert's gate / up / down stored per expert (gate and up sharing an NVFP4 global
+    scale), the routers left in bf16 and listed in exclude_modules, as ModelOpt exports them."""
+    import transformers as tf
+
+    torch.manual_seed(2)
+    src = save_row_spread(getattr(tf, MOE_CLASSES[arch])(tiny_moe_config(arch, width=64)), tmp_path / "src")
+    theirs = modelopt_export(src, tmp_path / "modelopt", fmt)
+    ours = quantize_checkpoint(src, tmp_path / "anyfp4", QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+    assert assert_same_tensors(ours, theirs) > 100
+    assert_same_description(ours, theirs)
+    routers = [l for l in CheckpointReader(ours).layers if l.name.endswith(".gate")]
+    assert routers and all(l.format.value == "none" for l in routers)

@@ -8,7 +8,8 @@ import torch
 
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
 from anyfp4.runtime.loader import load_model
-from helpers import tiny_qwen3_5_config, tiny_qwen3_5_vision_language_config
+from helpers import (MOE_CLASSES, copy_expert_weights, tiny_moe_config, tiny_qwen3_5_config,
+                     tiny_qwen3_5_vision_language_config)
 
 # float32 on the CPU: the same operations as transformers, so the logits agree to rounding noise.
 LOGIT_ATOL = 1e-3
@@ -19,9 +20,11 @@ def reference_logits(hf_class, float_ckpt, reader, ids, dtype=torch.float32, dev
     sd = hf.state_dict()
     with torch.no_grad():
         for layer in reader.layers:
-            key = layer.name + ".weight"
+            key = layer.name.replace(".block_sparse_moe.", ".mlp.") + ".weight"  # Mixtral's router
             if key in sd:
                 sd[key].copy_(reader.dequantize(layer))
+            else:
+                copy_expert_weights(sd, layer.name, reader.dequantize(layer))
         hf = hf.to(device=device, dtype=dtype)
         return hf(ids.to(device)).logits.float().cpu()
 
@@ -72,7 +75,8 @@ def random_hf_checkpoint(tmp_path, hf_class, config):
     return tmp_path
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "mistral", "qwen3_5", "qwen3_5_vision_language"])
+@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "mistral", "qwen3_5", "qwen3_5_vision_language",
+                                  "qwen3_moe", "mixtral"])
 def test_architectures_match_transformers(tmp_path, arch):
     import transformers as tf
 
@@ -90,6 +94,8 @@ def test_architectures_match_transformers(tmp_path, arch):
         cls, config = tf.Qwen3_5ForCausalLM, tiny_qwen3_5_config(max_position_embeddings=256)
     elif arch == "qwen3_5_vision_language":  # the same text model under model.language_model, beside a vision tower
         cls, config = tf.Qwen3_5ForConditionalGeneration, tiny_qwen3_5_vision_language_config()
+    elif arch in MOE_CLASSES:  # mixtures of experts (Qwen3-MoE with a dense layer among them)
+        cls, config = getattr(tf, MOE_CLASSES[arch]), tiny_moe_config(arch)
     else:
         cls, config = tf.MistralForCausalLM, tf.MistralConfig(**common)
     config.architectures = [cls.__name__]
@@ -252,3 +258,17 @@ def test_a_vision_language_checkpoint_runs_as_its_text_model_alone(tmp_path, cap
     out = capsys.readouterr().out
     assert "decoder layers: 3 linear attention, 1 full attention" in out
     assert "Qwen3_5ForConditionalGeneration's text model (Qwen3_5ForCausalLM)" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("arch", list(MOE_CLASSES))
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed"])
+def test_a_quantized_moe_matches_transformers_on_256_positions(tmp_path, arch, fmt):
+    """A Qwen3-MoE / Mixtral checkpoint quantized by ``anyfp4 quantize`` (routers left in bf16): greedy top-1 of 256
+    teacher-forced positions as transformers with the same dequantized weights (float32)."""
+    import transformers as tf
+
+    cls = getattr(tf, MOE_CLASSES[arch])
+    src = random_hf_checkpoint(tmp_path / "src", cls, tiny_moe_config(arch))
+    q = quantize_checkpoint(src, tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
+    ids = torch.randint(0, 512, (1, 256), generator=torch.Generator().manual_seed(4))
+    compare(cls, src, q, ids, min_top1=0.99)

@@ -380,3 +380,41 @@ def graphed_against_eager(model, monkeypatch, steps=6):
             outs.append(logits.clone())
         results[name] = torch.stack(outs)
     return results["eager"], results["graph"]
+
+
+def tiny_moe_config(arch: str, width: int = 128, **overrides):
+    """A small transformers mixture-of-experts config: ``arch`` "qwen3_moe" (Qwen3-MoE: q/k norms, layer 1 of 3
+    dense through ``mlp_only_layers``, top-k renormalized) or "mixtral" (every layer's MLP 8 experts, top 2); four
+    query / two KV heads, 8 experts of width, an untied head, a vocabulary of 512."""
+    import transformers as tf
+
+    common = dict(hidden_size=width, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=512, max_position_embeddings=512, tie_word_embeddings=False, num_experts_per_tok=2)
+    if arch == "qwen3_moe":
+        fields = dict(common, intermediate_size=2 * width, moe_intermediate_size=width, num_experts=8, head_dim=32,
+                      mlp_only_layers=[1], norm_topk_prob=True, architectures=["Qwen3MoeForCausalLM"])
+        return tf.Qwen3MoeConfig(**{**fields, **overrides})
+    fields = dict(common, intermediate_size=width, num_local_experts=8, architectures=["MixtralForCausalLM"])
+    return tf.MixtralConfig(**{**fields, **overrides})
+
+
+MOE_CLASSES = {"qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+
+
+def copy_expert_weights(state_dict: dict, name: str, weight: torch.Tensor) -> bool:
+    """Put a checkpoint's per-expert linear ``name`` (``...experts.E.{gate_proj,up_proj,down_proj}`` or Mixtral's
+    ``block_sparse_moe.experts.E.{w1,w3,w2}``) into transformers' fused expert tensors (``mlp.experts.gate_up_proj``
+    (E, 2 I, H): gate rows then up rows; ``mlp.experts.down_proj`` (E, H, I)). False if ``name`` is no expert's."""
+    import re
+
+    m = re.fullmatch(r"(.*)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)", name)
+    if m is None:
+        return False
+    prefix, e, which = m.group(1), int(m.group(2)), m.group(3)
+    if which in ("down_proj", "w2"):
+        state_dict[f"{prefix}.mlp.experts.down_proj"][e].copy_(weight)
+        return True
+    fused = state_dict[f"{prefix}.mlp.experts.gate_up_proj"][e]
+    rows = fused.shape[0] // 2
+    (fused[:rows] if which in ("gate_proj", "w1") else fused[rows:]).copy_(weight)
+    return True

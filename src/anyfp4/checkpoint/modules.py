@@ -146,13 +146,14 @@ def linear_modules(scheme: QuantScheme, index: TensorIndex) -> list[str]:
 
 
 def listed_but_unstored(scheme: QuantScheme, index: TensorIndex) -> str | None:
-    """A one-line note when a MIXED_PRECISION config's ``quantized_layers`` names modules whose weights are not
-    stored (ModelOpt lists modules of the quantized model that its export leaves out). Harmless: a stored module
-    is checked against its own entry, and a module the runner needs but that is not stored is refused by name."""
+    """A one-line note when a MIXED_PRECISION config's ``quantized_layers`` names modules with no stored weights at
+    or below them (an entry for a mixture's ``experts`` covers the experts' projections stored below it; ModelOpt
+    lists modules of the quantized model that its export leaves out). Harmless: a stored module is checked against
+    its entry, and a module the runner needs but that is not stored is refused by name."""
     if not scheme.is_mixed:
         return None
-    modules = set(linear_modules(scheme, index))
-    missing = [m for m in scheme.layer_formats if m not in modules]
+    covered = {scheme.listed_as(m) for m in linear_modules(scheme, index)}
+    missing = [m for m in scheme.layer_formats if m not in covered]
     if not missing:
         return None
     return (f"{Path(scheme.source).name}: quantized_layers lists {len(missing)} module(s) whose weights are not "

@@ -83,11 +83,20 @@ class QuantScheme:
         return self.algo == "MIXED_PRECISION"
 
     def format_of(self, module: str) -> WeightFormat:
-        if self.is_mixed:
-            return self.layer_formats.get(module, WeightFormat.NONE)
+        if self.is_mixed:  # the module's own entry, else its nearest listed ancestor's (ModelOpt lists a mixture
+            return self.layer_formats.get(self.listed_as(module) or module, WeightFormat.NONE)  # of experts whole)
         if any(module_matches(module, p) for p in self.exclude):
             return WeightFormat.NONE
         return self.default_format
+
+    def listed_as(self, module: str) -> str | None:
+        """The ``quantized_layers`` entry that gives ``module`` its format: its own, or its nearest ancestor's."""
+        name = module
+        while name:
+            if name in self.layer_formats:
+                return name
+            name = name.rpartition(".")[0]
+        return None
 
     def __reduce__(self):
         """Pickled with its layer formats as a plain dict (a mapping proxy does not pickle): vLLM sends the

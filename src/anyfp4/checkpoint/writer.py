@@ -17,6 +17,7 @@ import enum
 import json
 import math
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from .. import __version__
-from ..formats.fp8 import quantize_fp8
+from ..formats.fp8 import fp8_weight_scale, quantize_fp8
 from ..formats.nvfp4 import GROUP_SIZE, quantize_nvfp4, shared_global_scale
 from . import replace
 from .destination import check_replaceable, resolve_destination
@@ -36,12 +37,16 @@ from .quant_config import CONFIG, HF_QUANT_CONFIG, WeightFormat, module_matches,
 from .tensor_index import INDEX_FILE, SINGLE_FILE, TensorIndex
 
 # Left unquantized unless asked (as ModelOpt's defaults leave them): the head, the embeddings, a Gated DeltaNet's
-# two per-head projections (its decay and write-strength inputs), a multi-token-prediction head (``mtp``) and a
+# two per-head projections (its decay and write-strength inputs), a mixture of experts' router (Qwen3-MoE's
+# ``mlp.gate``, Mixtral's ``block_sparse_moe.gate``), a multi-token-prediction head (``mtp``) and a
 # vision-language checkpoint's vision tower (``model.visual``: the runner reads only the text model).
-DEFAULT_EXCLUDE = ("lm_head", "*embed_tokens", "*linear_attn.in_proj_a", "*linear_attn.in_proj_b", "mtp",
-                   "model.visual")
-# Sibling projections that read the same input and run as one fused GEMM (NVFP4: one global scale).
-FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("in_proj_qkv", "in_proj_z"))
+DEFAULT_EXCLUDE = ("lm_head", "*embed_tokens", "*linear_attn.in_proj_a", "*linear_attn.in_proj_b", "*mlp.gate",
+                   "*block_sparse_moe.gate", "mtp", "model.visual")
+# Sibling projections that read the same input and run as one fused GEMM (NVFP4: one global scale); Mixtral's
+# experts name their gate and up projections w1 and w3.
+FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("in_proj_qkv", "in_proj_z"),
+                  ("w1", "w3"))
+EXPERT_PARENT = re.compile(r".*\.experts\.\d+")  # the module holding one expert's projections
 ATTENTION_PATTERNS = ("*self_attn.*", "*attention.*", "*attn.*")
 WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".gguf")
 SKIPPED_FILES = {CONFIG, HF_QUANT_CONFIG, INDEX_FILE, "pytorch_model.bin.index.json", replace.MARKER}
@@ -117,17 +122,18 @@ def plan_layers(index: TensorIndex, options: QuantizeOptions) -> dict[str, Weigh
 
 
 def _fusion_groups(plan: dict[str, WeightFormat]) -> dict[str, tuple[str, ...]]:
-    """NVFP4 module -> the NVFP4 siblings (itself included) that share its global scale."""
+    """Module -> the siblings of its format (itself included) that share its scale: NVFP4 siblings their global
+    scale; an expert's FP8 gate and up their per-tensor scale (ModelOpt quantizes an expert's gate and up as one
+    fused tensor; a dense MLP's are two modules with a scale each)."""
     groups = {}
     for module, fmt in plan.items():
-        if fmt is not WeightFormat.NVFP4:
-            continue
         parent, _, leaf = module.rpartition(".")
+        if fmt is WeightFormat.FP8 and not EXPERT_PARENT.fullmatch(parent):
+            continue
         for siblings in FUSED_SIBLINGS:
             if leaf in siblings:
-                members = tuple(f"{parent}.{s}" for s in siblings if plan.get(f"{parent}.{s}") is WeightFormat.NVFP4)
-                groups[module] = members
-    return groups
+                groups[module] = tuple(f"{parent}.{s}" for s in siblings if plan.get(f"{parent}.{s}") is fmt)
+    return {m: g for m, g in groups.items() if plan[m] is WeightFormat.NVFP4 or len(g) > 1}
 
 
 def _hf_quant_config(options: QuantizeOptions, plan: dict[str, WeightFormat], exclude: list[str]) -> dict:
@@ -136,7 +142,7 @@ def _hf_quant_config(options: QuantizeOptions, plan: dict[str, WeightFormat], ex
         quant["quant_algo"] = "MIXED_PRECISION"
         quant["quantized_layers"] = {
             m: ({"quant_algo": "NVFP4", "group_size": GROUP_SIZE} if f is WeightFormat.NVFP4 else {"quant_algo": "FP8"})
-            for m, f in plan.items()
+            for m, f in _listed_layers(plan).items()
         }
     elif options.format is TargetFormat.NVFP4:
         quant.update(quant_algo="NVFP4", group_size=GROUP_SIZE)
@@ -144,6 +150,22 @@ def _hf_quant_config(options: QuantizeOptions, plan: dict[str, WeightFormat], ex
         quant["quant_algo"] = "FP8"
     quant["exclude_modules"] = exclude
     return {"producer": {"name": "anyfp4", "version": __version__}, "quantization": quant}
+
+
+def _listed_layers(plan: dict[str, WeightFormat]) -> dict[str, WeightFormat]:
+    """The modules a MIXED_PRECISION config lists, as ModelOpt lists them: a mixture of experts' projections as their
+    ``experts`` module when they all have one format (the reader gives modules below a listed one its format)."""
+    by_container: dict[str, set] = {}
+    for module, fmt in plan.items():
+        parent = module.rpartition(".")[0]
+        if EXPERT_PARENT.fullmatch(parent):
+            by_container.setdefault(parent.rpartition(".")[0], set()).add(fmt)
+    listed = {}
+    for module, fmt in plan.items():
+        container = module.rpartition(".")[0].rpartition(".")[0]
+        single = EXPERT_PARENT.fullmatch(module.rpartition(".")[0]) and len(by_container[container]) == 1
+        listed[container if single else module] = fmt
+    return listed
 
 
 def _config_quantization(hf_quant: dict) -> dict:
@@ -287,7 +309,10 @@ def _write(src: Path, index: TensorIndex, plan: dict, groups: dict, work: Path, 
                 shards.add(f"{module}.weight_scale", q.block_scale)
                 shards.add(f"{module}.weight_scale_2", q.global_scale.clone())  # shared within a group
             elif fmt is WeightFormat.FP8:
-                q = quantize_fp8(weight)
+                members = groups.get(module, (module,))
+                shared = None if len(members) == 1 else fp8_weight_scale(
+                    torch.cat([_load_linear(index, f"{m}.weight") for m in members]))
+                q = quantize_fp8(weight, shared)
                 shards.add(f"{module}.weight", q.weight)
                 shards.add(f"{module}.weight_scale", q.scale)
             else:

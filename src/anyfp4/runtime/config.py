@@ -12,7 +12,8 @@ from ..checkpoint.errors import CheckpointError
 
 # model_type -> the transformers classes whose computation the generic decoder reproduces.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "mixtral": "MixtralForCausalLM"}
 SUPPORTED_MODEL_TYPES = set(ARCHITECTURES)
 HYBRID_MODEL_TYPES = ("qwen3_5_text",)  # Gated DeltaNet layers beside gated full attention
 LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
@@ -21,6 +22,9 @@ HYBRID_MOE_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 # A vision-language checkpoint whose text model the runner runs (the vision tower is not read).
 HYBRID_VISION_LANGUAGE_MODEL_TYPE, VISION_LANGUAGE_ARCHITECTURE = "qwen3_5", "Qwen3_5ForConditionalGeneration"
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok")
+# Mixtures of experts the runner builds: model_type -> (the MLP's module name, its experts' gate / up / down names)
+MOE_LAYOUTS = {"qwen3_moe": ("mlp", ("gate_proj", "up_proj", "down_proj")),
+               "mixtral": ("block_sparse_moe", ("w1", "w3", "w2"))}
 FLOAT32_TINY = 2.0**-126  # the smallest normal float32: the RMSNorm epsilon is added in float32
 
 
@@ -43,6 +47,21 @@ class GDNShape:
     @property
     def conv_channels(self) -> int:
         return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """A mixture-of-experts MLP: ``experts`` SwiGLU experts of ``intermediate`` hidden units, each token summing the
+    outputs of its ``top_k`` highest-scored (softmax of the router's logits, renormalized over the k when
+    ``norm_topk_prob``). ``sparse_layers``: the decoder layers with experts (the others have a dense MLP of the
+    model's intermediate_size). Tensor names: ``{block}.gate`` (the router), ``{block}.experts.E.{names}``."""
+    experts: int
+    top_k: int
+    intermediate: int
+    norm_topk_prob: bool
+    sparse_layers: tuple
+    block: str
+    names: tuple  # the experts' gate, up and down projections
 
 
 class _Fields:
@@ -130,6 +149,7 @@ class ModelArgs:
     weights_prefix: str = "model."
     vision_prefix: str = ""
     wrapper: str = ""  # the transformers class that holds the text model ("": the model is the checkpoint's class)
+    moe: MoEShape | None = None  # mixtures of experts (Qwen3-MoE, Mixtral); None: dense MLPs
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -143,6 +163,10 @@ class ModelArgs:
     def layer_type(self, i: int) -> str:
         return self.layer_types[i] if self.layer_types else FULL_ATTENTION
 
+    def has_experts(self, i: int) -> bool:
+        """Whether decoder layer ``i``'s MLP is a mixture of experts."""
+        return self.moe is not None and i in self.moe.sparse_layers
+
     @property
     def architecture(self) -> str:
         """The transformers class this model computes as."""
@@ -154,7 +178,8 @@ class ModelArgs:
     def from_hf(cls, config: dict, source: str | Path = "config.json") -> "ModelArgs":
         """The architecture of a Hugging Face ``config.json`` (``source`` names it in errors). Refuses
         what the runner would not compute as transformers does: other model types or architectures,
-        mixtures of experts, MLP biases, sliding-window attention, RoPE types other than default / llama3."""
+        mixtures of experts other than Qwen3-MoE's and Mixtral's, MLP biases, sliding-window attention, RoPE types
+        other than default / llama3."""
         source = Path(source)
         if not isinstance(config, dict):
             raise CheckpointError(f"expected a JSON object, found {type(config).__name__}", file=source)
@@ -171,7 +196,7 @@ class ModelArgs:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} ({archs}) is not supported; anyfp4 runs "
                 f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))} decoders (Llama 1/2/3, Mistral, Qwen2/2.5, Qwen3, "
-                "Qwen3.5 text, SmolLM)",
+                "Qwen3.5 text, SmolLM, and the mixtures of experts Qwen3-MoE and Mixtral)",
                 file=source)
         _check_architecture(f, model_type, archs)
         if f.get("hidden_act", "silu") != "silu":
@@ -191,11 +216,13 @@ class ModelArgs:
                          ">= 2 (rotary embeddings rotate pairs)")
         attention_bias = f.bool("attention_bias", False)
         hybrid = _hybrid_fields(f, f.int("num_hidden_layers"), head_dim) if model_type in HYBRID_MODEL_TYPES else {}
+        moe = _moe_shape(f, model_type, f.int("num_hidden_layers")) if model_type in MOE_LAYOUTS else None
         return cls(
             model_type=model_type,
             vocab_size=f.int("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=f.int("intermediate_size"),
+            intermediate_size=f.int("intermediate_size", 0 if moe and len(moe.sparse_layers) == f.int(
+                "num_hidden_layers") else _REQUIRED),
             num_layers=f.int("num_hidden_layers"),
             num_heads=heads,
             num_kv_heads=kv_heads,
@@ -206,8 +233,9 @@ class ModelArgs:
             max_position_embeddings=_context(f, model_type),
             tie_word_embeddings=f.bool("tie_word_embeddings", False),
             qkv_bias=model_type == "qwen2" or (attention_bias and model_type != "mistral"),
-            o_bias=attention_bias and model_type in ("llama", "qwen3") + HYBRID_MODEL_TYPES,
-            qk_norm=model_type in ("qwen3",) + HYBRID_MODEL_TYPES,
+            o_bias=attention_bias and model_type in ("llama", "qwen3", "qwen3_moe") + HYBRID_MODEL_TYPES,
+            qk_norm=model_type in ("qwen3", "qwen3_moe") + HYBRID_MODEL_TYPES,
+            moe=moe,
             **hybrid,
         )
 
@@ -248,7 +276,7 @@ def _check_architecture(f: _Fields, model_type: str, archs: object) -> None:
                 f"'architectures' {archs} does not match model_type {model_type!r}: anyfp4 would run it as "
                 f"{ARCHITECTURES[model_type]}", file=f.source)
     experts = [k for k in MOE_KEYS if f.config.get(k) not in (None, 0, 1, False)]
-    if experts:
+    if experts and model_type not in MOE_LAYOUTS:
         raise UnsupportedModelError(f"mixture-of-experts models ({experts[0]!r} = {f.config[experts[0]]!r}) are not "
                                     "supported", file=f.source)
 
@@ -281,6 +309,32 @@ def _hybrid_fields(f: _Fields, layers: int, head_dim: int) -> dict:
                 zero_centered_norms=True)
 
 
+def _moe_shape(f: _Fields, model_type: str, layers: int) -> MoEShape:
+    """Qwen3-MoE's or Mixtral's experts, as transformers reads their config (Qwen3-MoE: the layers listed in
+    ``mlp_only_layers`` or off the ``decoder_sparse_step`` keep a dense MLP; Mixtral: every layer, top-k
+    renormalized). Refuses what their routers would not compute: shared experts, routed scaling, grouped top-k."""
+    for key in ("shared_expert_intermediate_size", "n_shared_experts", "routed_scaling_factor", "n_group",
+                "topk_group"):
+        if f.config.get(key) not in (None, 0):
+            raise UnsupportedModelError(f"{key!r} = {f.config[key]!r}: {model_type} routing with shared experts, "
+                                        "routed scaling or grouped top-k is not supported", file=f.source)
+    block, names = MOE_LAYOUTS[model_type]
+    key = "num_local_experts" if "num_local_experts" in f.config else "num_experts"
+    experts = f.int(key)
+    top_k = f.int("num_experts_per_tok")
+    if top_k > experts:
+        raise f.fail(f"'num_experts_per_tok' {top_k} exceeds the {experts} experts ({key!r})")
+    if model_type == "mixtral":
+        return MoEShape(experts, top_k, f.int("intermediate_size"), True, tuple(range(layers)), block, names)
+    step = f.int("decoder_sparse_step", 1)
+    dense = f.get("mlp_only_layers", [])
+    if not isinstance(dense, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in dense):
+        raise f.fail(f"'mlp_only_layers' must be a list of layer indices, found {dense!r}")
+    sparse = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    return MoEShape(experts, top_k, f.int("moe_intermediate_size"), f.bool("norm_topk_prob", False), sparse, block,
+                    names)
+
+
 def _rope_theta(f: _Fields) -> float:
     """Real models use 10^4 to 10^7; below 1 the inverse frequencies would grow along the head."""
     where = {"rope_theta": f.object("rope_parameters").get("rope_theta", f.config.get("rope_theta"))}
@@ -308,10 +362,10 @@ def _context(f: _Fields, model_type: str) -> int:
     """The longest sequence the decoder computes as transformers does: Mistral's sliding window caps it
     (the runner attends to every cached token); Qwen's sliding window is refused."""
     context = f.int("max_position_embeddings", 4096)
-    if model_type == "mistral":
+    if model_type in ("mistral", "mixtral"):
         window = f.int("sliding_window", context)
         return min(context, window)
-    if model_type in ("qwen2", "qwen3") and f.bool("use_sliding_window", False):
+    if model_type in ("qwen2", "qwen3", "qwen3_moe") and f.bool("use_sliding_window", False):
         raise UnsupportedModelError("'use_sliding_window' true (sliding-window attention) is not supported",
                                     file=f.source)
     return context

@@ -16,10 +16,12 @@ from ..checkpoint.errors import CheckpointError
 from ..checkpoint.reader import CheckpointReader
 from ..nn.linear import DenseLinear, GatedMLP, fused_linear, make_linear
 from .config import LINEAR_ATTENTION, ModelArgs
+from .experts import MixtureOfExperts
 from .gated_deltanet import GatedDeltaNet
 from .model import Attention, Block, RMSNorm, Transformer
 from .mtp import MTPHead
-from .plan import MTP_LAYER, MTP_NORMS, MTP_PREFIX, ModelPlan, embedding, final_norm, layer_prefix, plan_checkpoint
+from .plan import (MTP_LAYER, MTP_NORMS, MTP_PREFIX, ModelPlan, embedding, expert, final_norm, layer_prefix,
+                   plan_checkpoint, router)
 
 
 class WeightSource:
@@ -93,12 +95,26 @@ def _block(src: WeightSource, args: ModelArgs, i: int, device, dtype, prefix: st
     p, h = prefix or layer_prefix(args, i), args.hidden_size
     linear_attention = prefix is None and args.layer_type(i) == LINEAR_ATTENTION
     mixer = _gated_deltanet(src, args, p, device, dtype) if linear_attention else _attention(src, args, p, device, dtype)
-    i_size = args.intermediate_size
-    gate, up = (src.linear(f"{p}mlp.{x}_proj", i_size, h)[0] for x in ("gate", "up"))
-    down = src.linear(f"{p}mlp.down_proj", h, i_size)[0]
-    mlp = GatedMLP(gate, up, down, device, dtype)
+    if prefix is None and args.has_experts(i):
+        mlp = _experts(src, args, p, device, dtype)
+    else:
+        i_size = args.intermediate_size
+        gate, up = (src.linear(f"{p}mlp.{x}_proj", i_size, h)[0] for x in ("gate", "up"))
+        down = src.linear(f"{p}mlp.down_proj", h, i_size)[0]
+        mlp = GatedMLP(gate, up, down, device, dtype)
     norms = [_norm(src, args, f"{p}{n}.weight", h, device, dtype) for n in ("input_layernorm", "post_attention_layernorm")]
     return Block(mixer, mlp, *norms)
+
+
+def _experts(src: WeightSource, args: ModelArgs, p: str, device, dtype) -> MixtureOfExperts:
+    m, h = args.moe, args.hidden_size
+    router_weight, router_bias = src.linear(router(args, p), m.experts, h)
+    experts = []
+    for e in range(m.experts):
+        gate, up, down = expert(args, p, e)
+        experts.append(GatedMLP(src.linear(gate, m.intermediate, h)[0], src.linear(up, m.intermediate, h)[0],
+                                src.linear(down, h, m.intermediate)[0], device, dtype))
+    return MixtureOfExperts(m, make_linear(router_weight, router_bias, device, dtype), experts)
 
 
 def _attention(src: WeightSource, args: ModelArgs, p: str, device, dtype) -> Attention:

@@ -7,7 +7,7 @@ has a bias, and every other tensor (embeddings, norms) with its shape. The check
 exactly those: the decoder layers 0 .. num_hidden_layers-1 and no more, each linear with the config's
 shape, biases where the architecture has them and nowhere else, the norms, an ``lm_head`` unless the
 embeddings are tied (and not as well), and no other tensor (a stored tensor the runner would not read
-means config and weights describe different models: a MoE's experts, an extra layer, a bias) — a Qwen3.5 hybrid's
+means config and weights describe different models: more experts than the config has, an extra layer, a bias) — a Qwen3.5 hybrid's
 multi-token-prediction head (``mtp.*``) aside, which is stored beside the model and planned on its own
 (``plan_mtp``, for ``--speculate mtp``), and a vision-language checkpoint's vision tower (``ModelArgs.vision_prefix``),
 which the text model does not read. The decoder's tensors sit under ``ModelArgs.weights_prefix``.
@@ -24,6 +24,7 @@ from typing import Mapping
 
 from ..checkpoint.errors import CheckpointError
 from ..checkpoint.modules import FLOAT_DTYPES, IGNORED_SUFFIXES, LayerSpec
+from ..checkpoint.quant_config import WeightFormat
 from ..checkpoint.reader import CheckpointReader
 from .config import LINEAR_ATTENTION, ModelArgs, UnsupportedModelError
 
@@ -93,12 +94,35 @@ def block_linears(args: ModelArgs, i: int, prefix: str | None = None) -> dict[st
             f"{p}self_attn.v_proj": LinearPlan(kv, h, args.qkv_bias),
             f"{p}self_attn.o_proj": LinearPlan(h, q, args.o_bias),
         }
+    if prefix is None and args.has_experts(i):
+        return {**mixer, **expert_linears(args, p)}
     return {
         **mixer,
         f"{p}mlp.gate_proj": LinearPlan(inter, h, False),
         f"{p}mlp.up_proj": LinearPlan(inter, h, False),
         f"{p}mlp.down_proj": LinearPlan(h, inter, False),
     }
+
+
+def router(args: ModelArgs, p: str) -> str:
+    """The router of the mixture of experts of the layer with prefix ``p``."""
+    return f"{p}{args.moe.block}.gate"
+
+
+def expert(args: ModelArgs, p: str, e: int) -> tuple[str, str, str]:
+    """Expert ``e``'s gate, up and down projections in the layer with prefix ``p``."""
+    return tuple(f"{p}{args.moe.block}.experts.{e}.{n}" for n in args.moe.names)
+
+
+def expert_linears(args: ModelArgs, p: str) -> dict[str, LinearPlan]:
+    """A mixture-of-experts MLP's linears: its router (float, one logit per expert), then each expert's."""
+    m, h = args.moe, args.hidden_size
+    out = {router(args, p): LinearPlan(m.experts, h, False)}
+    for e in range(m.experts):
+        gate, up, down = expert(args, p, e)
+        out.update({gate: LinearPlan(m.intermediate, h, False), up: LinearPlan(m.intermediate, h, False),
+                    down: LinearPlan(h, m.intermediate, False)})
+    return out
 
 
 def block_tensors(args: ModelArgs, i: int, prefix: str | None = None) -> dict[str, tuple[int, ...]]:
@@ -203,8 +227,14 @@ def plan_model(reader: CheckpointReader) -> ModelPlan:
     _check_head(reader, args)
     linears, tensors = model_needs(args, untied_head=not args.tie_word_embeddings)
     read: set[str] = set()
+    routers = {router(args, layer_prefix(args, i)) for i in range(args.num_layers) if args.has_experts(i)}
     for name, want in linears.items():
-        read.update(_check_linear(reader, args, name, want).tensors.values())
+        layer = _check_linear(reader, args, name, want)
+        if name in routers and layer.format is not WeightFormat.NONE:
+            raise CheckpointError(f"router {name} is stored {layer.format.value}; a mixture of experts' router is "
+                                  "run in floating point (quantizers leave it out: exclude it when quantizing)",
+                                  file=reader.root, tensor=next(iter(layer.tensors.values())))
+        read.update(layer.tensors.values())
     for name, shape in tensors.items():
         _check_tensor(reader, name, shape)
         read.add(name)
