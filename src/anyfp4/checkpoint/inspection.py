@@ -25,11 +25,12 @@ def _is_embedding(layer: LayerSpec) -> bool:
 
 
 def _group_key(layer: LayerSpec) -> str:
-    """``model.layers.7.mlp.up_proj`` -> ``mlp.up_proj``: one row per projection kind."""
+    """``model.layers.7.mlp.up_proj`` -> ``mlp.up_proj``, ``model.layers.7.mlp.experts.5.up_proj`` ->
+    ``mlp.experts.*.up_proj``: one row per projection kind."""
     parts = layer.name.split(".")
     for i, part in enumerate(parts):
         if part.isdigit():
-            return ".".join(parts[i + 1:])
+            return ".".join("*" if p.isdigit() else p for p in parts[i + 1:])
     return layer.name
 
 
@@ -62,6 +63,9 @@ def inspect_checkpoint(path: str | Path, check_values: bool = True, progress: bo
         report["error"] = str(e)
         return report
     report["architecture"] = plan.architecture
+    if plan.args.moe is not None:
+        m = plan.args.moe
+        report["experts"] = {"per_layer": m.experts, "per_token": m.top_k, "layers": len(m.sparse_layers)}
     types = plan.args.layer_types
     if types:  # a hybrid: which token mixer each decoder layer has, and whether an MTP head is stored
         report["layer_types"] = {t: types.count(t) for t in dict.fromkeys(types)}
@@ -128,14 +132,16 @@ def _bytes_per_token(reader, plan) -> dict:
     """The weight bytes a decode step reads: the layers the runner reads (not an MTP head's or a vision tower's)."""
     tied = plan.tied_head
     layers = [l for l in reader.layers if l.name in plan.linears or f"{l.name}.weight" in plan.tensors]
+    moe = plan.args.moe
     per_token = bf16 = 0
     for layer in layers:
         nbytes = _stored_bytes(reader, layer)
         if _is_embedding(layer):
             per_token += nbytes // max(layer.out_features, 1)  # one row is gathered per token
         else:
-            per_token += layer.weight_bytes if layer.format is not WeightFormat.NONE else nbytes
-            bf16 += layer.out_features * layer.in_features * BF16_BYTES
+            share = (moe.top_k, moe.experts) if moe and ".experts." in layer.name else (1, 1)  # k of E experts
+            per_token += (layer.weight_bytes if layer.format is not WeightFormat.NONE else nbytes) * share[0] // share[1]
+            bf16 += layer.out_features * layer.in_features * BF16_BYTES * share[0] // share[1]
     emb = next((l for l in layers if _is_embedding(l)), None)
     if tied and emb is not None:  # the output head reads the whole embedding matrix every token
         per_token += _stored_bytes(reader, emb)
@@ -167,6 +173,10 @@ def print_report(report: dict) -> None:
         console.print(table)
         console.print(f"layers: {report['layers']} ({report['quantized_layers']} quantized)   "
                       f"stored weights: {_human(report['total_weight_bytes'])}")
+    if "experts" in report:
+        e = report["experts"]
+        console.print(f"mixture of experts: {e['per_layer']} experts in each of {e['layers']} layers, "
+                      f"{e['per_token']} run per token (counted so below)")
     if "bytes_per_token" in report:
         console.print(
             f"weight bytes read per decoded token: {_human(report['bytes_per_token'])} "

@@ -6,6 +6,9 @@ row-parallel linears and the lm_head replicated or split by vocabulary rows.
   and KV heads and 1/tp of the MLP width;
 - row-parallel (o, down): columns (input features) split on 16-element group boundaries, so an NVFP4 rank keeps
   whole block scales; the partial outputs are summed by the all-reduce.
+- Mixtures of experts: every expert's gate / up split by rows and down by columns, as a dense MLP's; the router is
+  replicated (each rank routes every token alike), and a rank's weighted sum of its experts' shares is summed over
+  the ranks in float32, once per layer.
 - Gated DeltaNet layers (Qwen3.5 hybrids): a rank keeps 1/tp of the key heads and of the value heads (a value head
   stays with the key head it reads). in_proj_z, in_proj_b, in_proj_a are column-parallel; in_proj_qkv and the
   convolution's channels hold three sections (q, k, v), each split so; A_log and dt_bias follow the value heads;
@@ -24,12 +27,15 @@ from ..formats.fp8 import FP8Weight
 from ..formats.nvfp4 import GROUP_SIZE, NVFP4Weight
 from ..nn.linear import DenseLinear, FP8Linear, NVFP4Linear
 from ..runtime.config import GDNShape, ModelArgs
+from ..runtime.experts import MixtureOfExperts
 from ..runtime.gated_deltanet import GatedDeltaNet
 from ..runtime.loader import WeightSource
 from .allreduce import AllReduce, peer_all_reduce
 
-COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "in_proj_z", "in_proj_b", "in_proj_a")
-ROW_PARALLEL = ("o_proj", "down_proj", "out_proj")
+# Mixtral's experts name their gate / up / down w1 / w3 / w2; a mixture's router (``gate``) is replicated.
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "in_proj_z", "in_proj_b", "in_proj_a", "w1",
+                   "w3")
+ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "w2")
 SECTIONED = ("in_proj_qkv", "conv1d.weight")  # q | k | v rows (channels) of a Gated DeltaNet layer
 PER_VALUE_HEAD = ("A_log", "dt_bias")
 
@@ -48,8 +54,11 @@ def check_divisible(args: ModelArgs, tp: int) -> None:
         problems.append(f"{args.num_kv_heads} key/value heads")
     if args.num_heads % tp:
         problems.append(f"{args.num_heads} attention heads")
-    if args.intermediate_size % (tp * GROUP_SIZE):
+    dense_mlps = args.moe is None or len(args.moe.sparse_layers) < args.num_layers
+    if dense_mlps and args.intermediate_size % (tp * GROUP_SIZE):
         problems.append(f"intermediate size {args.intermediate_size} (needs a multiple of {tp * GROUP_SIZE})")
+    if args.moe is not None and args.moe.intermediate % (tp * GROUP_SIZE):
+        problems.append(f"expert intermediate size {args.moe.intermediate} (needs a multiple of {tp * GROUP_SIZE})")
     if (args.num_heads * args.head_dim) % (tp * GROUP_SIZE):
         problems.append(f"attention width {args.num_heads * args.head_dim}")
     if problems:
@@ -61,8 +70,9 @@ def rank_args(args: ModelArgs, tp: int) -> ModelArgs:
     check_divisible(args, tp)
     gdn = None if args.gdn is None else replace(args.gdn, k_heads=args.gdn.k_heads // tp,
                                                 v_heads=args.gdn.v_heads // tp)
+    moe = None if args.moe is None else replace(args.moe, intermediate=args.moe.intermediate // tp)
     return replace(args, num_heads=args.num_heads // tp, num_kv_heads=args.num_kv_heads // tp,
-                   intermediate_size=args.intermediate_size // tp, gdn=gdn)
+                   intermediate_size=args.intermediate_size // tp, gdn=gdn, moe=moe)
 
 
 def sections(gdn: GDNShape) -> list[int]:
@@ -204,7 +214,10 @@ def wrap_row_parallel(model: nn.Module, tp: int) -> None:
             blk.attn.out_proj = AllReduce(blk.attn.out_proj, peer)
         else:
             blk.attn.o_proj = AllReduce(blk.attn.o_proj, peer)
-        blk.mlp.down = AllReduce(blk.mlp.down, peer)
+        if isinstance(blk.mlp, MixtureOfExperts):  # every expert's share weighted and added, then the ranks' sums
+            blk.mlp = AllReduce(blk.mlp, peer)
+        else:
+            blk.mlp.down = AllReduce(blk.mlp.down, peer)
 
 
 def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
@@ -228,15 +241,16 @@ def match_single_gpu_splits(model: nn.Module, tp: int) -> None:
             inputs, output = layers(mixer.in_proj_qkvz) + layers(mixer.in_proj_ba), mixer.out_proj
         else:
             inputs, output = layers(mixer.qkv), mixer.o_proj
-        column = [(m, False) for m in inputs] + [(blk.mlp.gated, True)] + [(m, False) for m in (
-            blk.mlp.gate_up, blk.mlp.gate, blk.mlp.up)]
+        mlps = list(blk.mlp.experts) if isinstance(blk.mlp, MixtureOfExperts) else [blk.mlp]
+        column = [(m, False) for m in inputs] + [(layer, gated) for mlp in mlps for layer, gated in (
+            (mlp.gated, True), (mlp.gate_up, False), (mlp.gate, False), (mlp.up, False))]
         for layer, gated in column:
             if isinstance(layer, quantized):
                 fmt = "nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"
                 split = single_gpu_split_k(layer.codes.device, fmt, gated, layer.out_features * tp, layer.in_features)
                 if split:  # 0: the CUDA decode kernel does not serve this GPU
                     layer.split_k = split
-        for layer in (output, blk.mlp.down):
+        for layer in [output] + [mlp.down for mlp in mlps]:
             if not isinstance(layer, quantized):
                 continue
             fmt = "nvfp4" if isinstance(layer, NVFP4Linear) else "fp8"

@@ -319,7 +319,11 @@ def _moe_shape(f: _Fields, model_type: str, layers: int) -> MoEShape:
             raise UnsupportedModelError(f"{key!r} = {f.config[key]!r}: {model_type} routing with shared experts, "
                                         "routed scaling or grouped top-k is not supported", file=f.source)
     block, names = MOE_LAYOUTS[model_type]
-    key = "num_local_experts" if "num_local_experts" in f.config else "num_experts"
+    counts = {k: f.config[k] for k in ("num_local_experts", "num_experts") if f.config.get(k) is not None}
+    if len(set(map(str, counts.values()))) > 1:
+        raise f.fail(f"'num_local_experts' {counts['num_local_experts']!r} and 'num_experts' {counts['num_experts']!r} "
+                     "disagree on the number of experts")
+    key = next(iter(counts), "num_experts")
     experts = f.int(key)
     top_k = f.int("num_experts_per_tok")
     if top_k > experts:

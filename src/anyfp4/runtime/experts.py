@@ -37,6 +37,15 @@ class MixtureOfExperts(nn.Module):
         return ids, weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.partial(x).to(x.dtype)
+
+    def scale_partial(self, total: torch.Tensor) -> torch.Tensor:
+        """Tensor parallelism: the ranks' ``partial`` sums added up need nothing more (``AllReduce``)."""
+        return total
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """The weighted sum of each token's experts in float32 (a tensor-parallel rank's share: its slices of every
+        expert's hidden units)."""
         lead, hidden = x.shape[:-1], x.shape[-1]
         flat = x.reshape(-1, hidden)
         ids, weights = self.route(flat)
@@ -47,7 +56,7 @@ class MixtureOfExperts(nn.Module):
         out = picked[:, 0].float() * weights[:, :1]
         for j in range(1, self.shape.top_k):
             out = out + picked[:, j].float() * weights[:, j:j + 1]
-        return out.to(x.dtype).reshape(*lead, hidden)
+        return out.reshape(*lead, hidden)
 
     def _picked_experts(self, flat: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """(n, k, hidden): row r's slot j holds expert ids[r, j]'s output for row r; each picked expert runs once,

@@ -1,0 +1,140 @@
+"""Mixture-of-experts models (Qwen3-MoE, Mixtral) in the runner, CPU: a row's bits alone and in a batch, the
+capturable every-expert path against the eager picked-experts path, decode steps after a prefill, and the refusals
+of configs and tensors that disagree."""
+
+import json
+
+import pytest
+import torch
+
+from anyfp4.checkpoint.errors import CheckpointError
+from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
+from anyfp4.runtime.config import UnsupportedModelError
+from anyfp4.runtime.experts import MixtureOfExperts
+from anyfp4.runtime.generate import SamplingParams, generate
+from anyfp4.runtime.loader import load_model
+from anyfp4.runtime.plan import plan_checkpoint
+from helpers import MOE_CLASSES, edit_json, tiny_moe_config, write_tokenizer
+
+
+def random_moe(path, arch, seed=0):
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    model = getattr(tf, MOE_CLASSES[arch])(tiny_moe_config(arch))
+    model.to(torch.bfloat16).save_pretrained(str(path))
+    write_tokenizer(path, vocab_size=512)
+    return path
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral"])
+def nvfp4_moe(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    src = random_moe(root / "src", request.param)
+    return quantize_checkpoint(src, root / "q", QuantizeOptions(format=TargetFormat.NVFP4, progress=False)).dst
+
+
+def experts_of(model):
+    return [blk.mlp for blk in model.blocks if isinstance(blk.mlp, MixtureOfExperts)]
+
+
+def test_rows_alone_equal_rows_in_a_batch(nvfp4_moe):
+    """Greedy texts of prompts of different lengths decoded together (left-padded) equal each alone: a row's
+    routing, its experts' rows and its weighted sum do not depend on the other rows."""
+    model, _ = load_model(nvfp4_moe, "cpu", torch.bfloat16, progress=False)
+    prompts = [[5, 9, 2, 7, 1, 3, 8], [11, 4, 4], [42], [7, 7, 7, 7, 300, 2]]
+    params = SamplingParams(max_new_tokens=10)
+    together = generate(model, prompts, params)
+    assert together == [generate(model, [p], params)[0] for p in prompts]
+    picks = torch.cat([m.route(torch.randn(64, model.args.hidden_size, dtype=torch.bfloat16))[0].flatten()
+                       for m in experts_of(model)])
+    assert len(picks.unique()) == model.args.moe.experts  # the random router spreads rows over every expert
+
+
+def test_the_capturable_path_gives_the_eager_bits(nvfp4_moe, monkeypatch):
+    """What a CUDA graph or torch.compile runs (every expert over every row, unpicked ones weighted by zero) gives
+    the bits of the eager path (each picked expert over its rows)."""
+    model, _ = load_model(nvfp4_moe, "cpu", torch.bfloat16, progress=False)
+    moe = experts_of(model)[0]
+    x = torch.randn(2, 3, model.args.hidden_size, generator=torch.Generator().manual_seed(1)).bfloat16()
+    eager = moe(x)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert torch.equal(moe(x), eager) and eager.abs().amax() > 0
+
+
+def test_decode_steps_follow_the_prefill(nvfp4_moe):
+    model, _ = load_model(nvfp4_moe, "cpu", torch.float32, progress=False)
+    ids = torch.randint(0, 512, (1, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model.setup_caches(1, 32)
+        whole = model(ids, torch.arange(24))
+        model.setup_caches(1, 32)
+        steps = [model(ids[:, :16], torch.arange(16))]
+        steps += [model(ids[:, i:i + 1], torch.tensor([i])) for i in range(16, 24)]
+    stepped = torch.cat(steps, 1)
+    assert torch.equal(stepped.argmax(-1), whole.argmax(-1)) and (stepped - whole).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("arch", list(MOE_CLASSES))
+def test_config_and_experts_must_agree(tmp_path, arch):
+    src = random_moe(tmp_path / "src", arch)
+    key = "num_local_experts"  # transformers writes Qwen3-MoE's num_experts under this name too
+    block = "block_sparse_moe" if arch == "mixtral" else "mlp"
+    original = json.loads((src / "config.json").read_text())
+    cases = [({key: 16}, CheckpointError, f"model.layers.0.{block}.gate is 8 x 128 but config.json implies 16 x 128"),
+             ({key: 4}, CheckpointError, f"model.layers.0.{block}.gate is 8 x 128 but config.json implies 4 x 128"),
+             ({"moe_intermediate_size" if arch == "qwen3_moe" else "intermediate_size": 64}, CheckpointError,
+              f"model.layers.0.{block}.experts.0.{'gate_proj' if arch == 'qwen3_moe' else 'w1'} is 128 x 128 but "
+              "config.json implies 64 x 128"),
+             ({"num_experts_per_tok": 9}, CheckpointError, "'num_experts_per_tok' 9 exceeds the 8 experts"),
+             ({"num_experts": 6}, CheckpointError, "'num_local_experts' 8 and 'num_experts' 6 disagree"),
+             ({"n_shared_experts": 1}, UnsupportedModelError, "'n_shared_experts' = 1: .* not supported")]
+    for edit, error, match in cases:
+        (src / "config.json").write_text(json.dumps({**original, **edit}))
+        with pytest.raises(error, match=match):
+            plan_checkpoint(src)
+
+
+def test_experts_stored_beyond_the_config_are_refused(tmp_path):
+    """A checkpoint with an expert more than its router scores: config and weights describe different models."""
+    from helpers import rewrite_tensors
+
+    src = random_moe(tmp_path / "src", "mixtral")
+    extra = "model.layers.2.block_sparse_moe.experts.8.w1.weight"
+    rewrite_tensors(src, lambda t: t.update({extra: t["model.layers.2.block_sparse_moe.experts.7.w1.weight"].clone()}))
+    with pytest.raises(CheckpointError, match=f"would not read, e.g. \\['{extra}'\\]"):
+        plan_checkpoint(src)
+
+
+def test_a_quantized_router_is_refused_by_name(tmp_path):
+    src = random_moe(tmp_path / "src", "qwen3_moe")
+    q = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(format=TargetFormat.NVFP4, progress=False,
+                                                                  exclude=("lm_head", "*embed_tokens"))).dst
+    with pytest.raises(CheckpointError, match="router model.layers.0.mlp.gate is stored nvfp4") as e:
+        plan_checkpoint(q)
+    assert e.value.tensor == "model.layers.0.mlp.gate.weight"
+
+
+def test_other_mixtures_of_experts_are_refused(tmp_path):
+    src = random_moe(tmp_path / "src", "qwen3_moe")
+    edit_json(src / "config.json", lambda d: d.update(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"]))
+    with pytest.raises(UnsupportedModelError, match="model_type 'qwen2_moe'"):
+        plan_checkpoint(src)
+
+
+def test_inspect_counts_the_experts_a_token_runs(nvfp4_moe):
+    from anyfp4.checkpoint.inspection import inspect_checkpoint
+    from anyfp4.checkpoint.reader import CheckpointReader
+
+    report = inspect_checkpoint(nvfp4_moe, check_values=False)
+    assert report["valid"] and report["experts"]["per_layer"] == 8 and report["experts"]["per_token"] == 2
+    reader = CheckpointReader(nvfp4_moe)
+    experts = [l for l in reader.layers if ".experts." in l.name]
+    groups = {g["group"]: g["count"] for g in report["groups"] if ".experts.*." in g["group"]}
+    assert len(groups) == 3 and sum(groups.values()) == len(experts)  # gate, up, down: one row each
+    others = sum(l.weight_bytes for l in reader.layers if ".experts." not in l.name and l.format.value != "none"
+                 and l.name != "lm_head")
+    dense = sum(reader.index[l.tensors["weight"]].nbytes for l in reader.layers if l.format.value == "none"
+                and "embed_tokens" not in l.name)
+    embedding_row = reader.index["model.embed_tokens.weight"].nbytes // 512
+    assert report["bytes_per_token"] == others + dense + embedding_row + sum(l.weight_bytes * 2 // 8 for l in experts)
