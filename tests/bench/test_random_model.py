@@ -119,3 +119,31 @@ def test_a_random_hybrid_has_a_random_mtp_head():
     assert head.fc.__class__.__name__ == "DenseLinear" and head.layer.attn.args.attn_output_gate
     with pytest.raises(ValueError, match="no multi-token-prediction head"):
         rm.random_mtp_head("smollm2-135m", "nvfp4", "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "bf16"])
+def test_the_moe_shape_builds_and_runs_shrunk(fmt):
+    """qwen3-30b-a3b: 128 experts of 768, 8 per token, in every layer; shrunk to two layers of 16 smaller experts it
+    builds from random weights (the routers bf16) and a decode step reads top_k / experts of the experts' bytes."""
+    from dataclasses import replace
+
+    from anyfp4.bench.random_model import random_args
+    from anyfp4.runtime.experts import MixtureOfExperts
+    from anyfp4.runtime.loader import build_model
+
+    args = random_args("qwen3-30b-a3b", fmt)
+    assert (args.moe.experts, args.moe.top_k, args.moe.intermediate, len(args.moe.sparse_layers)) == (128, 8, 768, 48)
+    small = replace(args, num_layers=2, vocab_size=1024, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+                    moe=replace(args.moe, experts=16, top_k=4, intermediate=128, sparse_layers=(0, 1)))
+    model = build_model(small, RandomSource(fmt, "cpu"), torch.device("cpu"), torch.bfloat16, progress=False)
+    moes = [m for m in model.modules() if isinstance(m, MixtureOfExperts)]
+    assert len(moes) == 2 and all(type(m.router).__name__ == "DenseLinear" for m in moes)
+    model.setup_caches(1, 48)
+    with torch.no_grad():
+        prefill = model(torch.arange(40)[None], torch.arange(40))
+        step = model(torch.tensor([[4]]), torch.tensor([40]))
+    assert torch.isfinite(prefill).all() and torch.isfinite(step).all() and prefill.std() > 0.1
+    per_expert = {"nvfp4": 3 * 128 * 256 * 9 // 16, "fp8": 3 * 128 * 256, "bf16": 3 * 128 * 256 * 2}[fmt]
+    every = replace(small, moe=replace(small.moe, top_k=16))  # the same shapes, every expert run per token
+    dense_too = build_model(every, RandomSource(fmt, "cpu"), torch.device("cpu"), torch.bfloat16, progress=False)
+    assert weight_bytes_per_token(dense_too) - weight_bytes_per_token(model) == 2 * (16 - 4) * per_expert

@@ -138,3 +138,15 @@ def test_inspect_counts_the_experts_a_token_runs(nvfp4_moe):
                 and "embed_tokens" not in l.name)
     embedding_row = reader.index["model.embed_tokens.weight"].nbytes // 512
     assert report["bytes_per_token"] == others + dense + embedding_row + sum(l.weight_bytes * 2 // 8 for l in experts)
+
+
+def test_speculation_keeps_the_greedy_text(nvfp4_moe):
+    """A verify pass routes each of its rows as a one-token step would: n-gram speculation's text is plain
+    decoding's."""
+    from anyfp4.runtime.speculative import generate_speculative
+
+    model, _ = load_model(nvfp4_moe, "cpu", torch.bfloat16, progress=False)
+    prompt = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5] * 2
+    params = SamplingParams(max_new_tokens=24)
+    spec, stats = generate_speculative(model, prompt, params, 3)
+    assert spec == generate(model, [prompt], params)[0] and stats.verify_steps >= 1

@@ -8,15 +8,15 @@ import time
 import torch
 
 from ..nn.linear import DenseLinear, FP8Linear, NVFP4Linear
+from ..runtime.experts import MixtureOfExperts
 from ..runtime.model import Transformer
 from .timing import graph_seconds, sync
 
 
-def weight_bytes_per_token(model: Transformer) -> int:
-    """The fewest weight bytes one decode step reads: every linear once (NVFP4: codes + block
-    scales of the unpadded weight) plus one embedding row."""
-    total = model.embed.shape[1] * model.embed.element_size()
-    for m in model.modules():
+def _linear_bytes(module: torch.nn.Module) -> int:
+    """The weight bytes of the linears in ``module`` (NVFP4: codes + block scales of the unpadded weight)."""
+    total = 0
+    for m in module.modules():
         if isinstance(m, NVFP4Linear):
             rows = m.out_features * (2 if m.up_offset else 1)
             total += rows * m.in_features // 2 + rows * m.in_features // 16
@@ -24,6 +24,17 @@ def weight_bytes_per_token(model: Transformer) -> int:
             total += m.out_features * (2 if m.up_offset else 1) * m.in_features
         elif isinstance(m, DenseLinear):
             total += m.weight.numel() * m.weight.element_size()
+    return total
+
+
+def weight_bytes_per_token(model: Transformer) -> int:
+    """The fewest weight bytes one decode step of one sequence reads: every linear once, of a mixture of experts
+    the router and top_k of its experts (their average), plus one embedding row."""
+    total = model.embed.shape[1] * model.embed.element_size() + _linear_bytes(model)
+    for m in model.modules():
+        if isinstance(m, MixtureOfExperts):
+            experts = _linear_bytes(m.experts)
+            total -= experts - experts * m.shape.top_k // m.shape.experts
     return total
 
 

@@ -16,7 +16,7 @@ import torch
 
 from ..checkpoint.quant_config import module_matches
 from ..checkpoint.writer import DEFAULT_EXCLUDE, TargetFormat, layer_format
-from ..runtime.config import FULL_ATTENTION, LINEAR_ATTENTION, GDNShape, ModelArgs
+from ..runtime.config import FULL_ATTENTION, LINEAR_ATTENTION, MOE_LAYOUTS, GDNShape, ModelArgs, MoEShape
 from ..runtime.loader import WeightSource, build_model
 from .random_weights import random_bf16, random_fp8, random_nvfp4
 
@@ -35,6 +35,11 @@ ARCHS = {
                         layer_types=tuple(FULL_ATTENTION if i % 4 == 3 else LINEAR_ATTENTION for i in range(64)),
                         gdn=GDNShape(k_heads=16, v_heads=32, k_dim=128, v_dim=128, conv_kernel=4), rotary_dim=64,
                         attn_output_gate=True, zero_centered_norms=True),
+    # a mixture of experts: 128 experts of 768 hidden units in every layer, 8 run per token (Qwen3-30B-A3B)
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                          num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128, rms_norm_eps=1e-6,
+                          rope_theta=1000000.0, max_position_embeddings=40960, qk_norm=True,
+                          moe=MoEShape(128, 8, 768, True, tuple(range(48)), *MOE_LAYOUTS["qwen3_moe"])),
     "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
                          num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5,
                          rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True),
