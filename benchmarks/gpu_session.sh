@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_session.sh sweep     # launch-config sweeps of the CUDA kernel (the launch table's source)
 #   bash benchmarks/gpu_session.sh runner    # e2e_runner, step profile, speculative decoding
 #   bash benchmarks/gpu_session.sh tp        # two GPUs: all-reduce probe, bench --tp 2, TP1/TP2 agreement
+#   bash benchmarks/gpu_session.sh moe       # mixtures of experts: GPU tests, random Qwen3-30B-A3B NVFP4 vs bf16
 #   bash benchmarks/gpu_session.sh hybrid    # Qwen3.5-27B hybrid: GPU tests, bench vs bf16, MTP, rejected drafts,
 #                                            # step profile, Gated DeltaNet prefill: torch, recurrent, chunked
 #   TOKENIZER=DIR bash benchmarks/gpu_session.sh serve  # anyfp4 serve --max-batch 16: 16 clients vs the runner's
@@ -143,12 +144,27 @@ batch)
         2>&1 | grep -v Warn | tail -3 | cut -c1-2000
     if [ -n "${TOKENIZER:-}" ]; then ANYFP4_PREFILL=chunked bash "$0" serve; fi
     ;;
+moe)
+    # mixtures of experts: the grouped expert kernels and graph == eager, then random Qwen3-30B-A3B NVFP4 vs bf16
+    # (both through their grouped launches; FP8 experts still run every expert inside a graph: not timed)
+    timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/runtime/test_experts.py \
+        tests/kernels/triton/test_nvfp4_experts.py tests/kernels/triton/test_dense_experts.py 2>&1 | tail -6 \
+        | tee "$OUT/pytest_moe.txt"
+    for batch in 1 16; do
+        timeout 240 python3 -m anyfp4 bench --random-weights qwen3-30b-a3b --format nvfp4 --compare bf16 --batch $batch \
+            --json > "$OUT/bench_moe_b$batch.json" 2> "$OUT/bench_moe_b$batch.err"
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); rs=r if isinstance(r, list) else [r]
+[print(x['model'], 'batch', x['batch'], 'decode', round(x['decode_tok_s'], 1), 'tok/s', round(x['pct_of_copy'] or 0),
+       '% of copy') for x in rs]" "$OUT/bench_moe_b$batch.json" 2>/dev/null || tail -3 "$OUT/bench_moe_b$batch.err"
+    done
+    ;;
 chain)
     timeout 120 python3 benchmarks/probes/chain_floor.py --out "$OUT/chain_floor.json" 2>&1 | tail -20
     timeout 420 python3 benchmarks/probes/chain_anatomy.py --out "$OUT/chain_anatomy.json" 2>&1 | grep -v Warn \
         | cut -c1-160 | tail -60
     ;;
 *)
-    echo "unknown stage $stage (check, older, check2, kernels, bench, sweep, runner, tp, hybrid, serve, early, batch, chain)"; exit 2
+    echo "unknown stage $stage (check, older, check2, kernels, bench, sweep, runner, tp, hybrid, serve, early, batch, moe,"\
+        "chain)"; exit 2
     ;;
 esac

@@ -21,7 +21,9 @@ from anyfp4.kernels.triton.nvfp4_epilogue import splitk_reduce_kernel
 from anyfp4.kernels.triton.nvfp4_gemv import nvfp4_gemv_kernel
 from anyfp4.kernels.gdn.chunked import PASS_WARPS, PREP_WARPS, chunk_pass_kernel, chunk_prep_kernel, chunk_tokens
 from anyfp4.kernels.gdn.step import conv_kernel, delta_rule_kernel, gated_norm_kernel
+from anyfp4.kernels.triton.dense_experts import dense_experts_kernel
 from anyfp4.kernels.triton.dense_gemv import dense_gemv_kernel
+from anyfp4.kernels.triton.nvfp4_experts import nvfp4_experts_kernel
 from anyfp4.kernels.glue.rms_norm import add_rms_norm_kernel, rms_norm_kernel
 from anyfp4.kernels.glue.rope_cache import rope_cache_kernel
 from anyfp4.kernels.glue.small_attention import small_attention_kernel, small_attention_merge_kernel
@@ -160,11 +162,28 @@ def support_kernels_compile(cc):
             compile_for(rope_cache_kernel, rope_sig, {"BLOCK": block, "BLOCK_HD": block_hd, "INTERPRET": False, "EARLY": early}, cc,
                         num_warps=1)
         gdn_kernels_compile(act, cc)
+        experts_kernels_compile(act, cc)
         for bias in (False, True):
             compile_for(dense_gemv_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "bias_ptr": f"*{act}",
                                             "out_ptr": f"*{act}", **{n: "i32" for n in ("N", "K", "stride_xm",
                                                                                        "stride_wn", "stride_om")}},
                         {"BLOCK_N": 2, "BLOCK_K": 1024, "HAS_BIAS": bias, "INTERPRET": False}, cc)
+
+
+def experts_kernels_compile(act, cc):
+    """The grouped expert GEMVs of a mixture of experts (NVFP4 and float), gated and plain."""
+    sizes = ("K", "N_OUT", "UP_OFFSET", "K_TILES", "PAIRS_PER_ROW", "stride_x", "stride_o", "stride_ce", "stride_se",
+             "stride_c", "stride_s")
+    for gated in (False, True):
+        compile_for(nvfp4_experts_kernel, {"x_ptr": f"*{act}", "ids_ptr": "*i32", "codes_ptr": "*i32",
+                                           "scales_ptr": "*u8", "gscale_ptr": "*fp32", "out_ptr": f"*{act}",
+                                           **{n: "i32" for n in sizes}},
+                    {"BLOCK_N": 8, "BLOCK_K": 256, "GATED": gated, "INTERPRET": False}, cc, num_warps=2)
+        compile_for(dense_experts_kernel, {"x_ptr": f"*{act}", "ids_ptr": "*i32", "w_ptr": f"*{act}",
+                                           "out_ptr": f"*{act}", **{n: "i32" for n in (
+                                               "N_OUT", "K", "PAIRS_PER_ROW", "stride_x", "stride_we", "stride_wn",
+                                               "stride_o")}},
+                    {"BLOCK_N": 4, "BLOCK_K": 512, "GATED": gated, "INTERPRET": False}, cc)
 
 
 def gdn_kernels_compile(act, cc):

@@ -150,3 +150,52 @@ def test_speculation_keeps_the_greedy_text(nvfp4_moe):
     params = SamplingParams(max_new_tokens=24)
     spec, stats = generate_speculative(model, prompt, params, 3)
     assert spec == generate(model, [prompt], params)[0] and stats.verify_steps >= 1
+
+
+def test_stacked_experts_are_the_experts(nvfp4_moe):
+    """The stacks the GPU's grouped op reads: the experts' own buffers become views of them (no second copy), and
+    the grouped op's outputs (its pure-torch definition here) are the picked experts' values."""
+    from anyfp4.runtime.experts import StackedNVFP4Experts
+
+    model, _ = load_model(nvfp4_moe, "cpu", torch.float32, progress=False)
+    moe = experts_of(model)[0]
+    x = torch.randn(4, model.args.hidden_size, generator=torch.Generator().manual_seed(3))
+    ids, _ = moe.route(x)
+    picked = moe._picked_experts(x, ids)
+    assert moe.stacked is None and StackedNVFP4Experts.fit(list(moe.experts))
+    stacked = StackedNVFP4Experts(list(moe.experts))
+    assert moe.experts[3].down.codes.data_ptr() == stacked.down_codes[3].data_ptr()
+    assert moe.experts[5].gated.scales.data_ptr() == stacked.gate_up_scales[5].data_ptr()
+    grouped = stacked(x, ids)
+    assert ((grouped - picked).norm() / picked.norm()).item() < 1e-5
+    assert torch.equal(moe._picked_experts(x, ids), picked)  # the experts still compute from the views
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
+def test_on_the_gpu_a_graphed_step_replays_the_eager_step(nvfp4_moe, fmt, monkeypatch):
+    """NVFP4 and float experts on a GPU: the grouped launches eagerly and inside the decode step's CUDA graph, the
+    same bits."""
+    from helpers import graphed_against_eager
+
+    ckpt = nvfp4_moe if fmt == "nvfp4" else nvfp4_moe.parent / "src"
+    model, _ = load_model(ckpt, "cuda", torch.bfloat16, progress=False)
+    assert all(m.stacked is not None for m in experts_of(model))
+    eager, graph = graphed_against_eager(model, monkeypatch)
+    assert torch.isfinite(eager).all() and torch.equal(eager, graph)
+
+
+def test_stacked_float_experts_are_the_experts(tmp_path):
+    """The float model's grouped form (the baseline a quantized mixture is timed against on a GPU): views, and the
+    grouped op's definition gives the picked experts' values."""
+    from anyfp4.runtime.experts import StackedDenseExperts
+
+    model, _ = load_model(random_moe(tmp_path / "src", "mixtral"), "cpu", torch.float32, progress=False)
+    moe = experts_of(model)[1]
+    x = torch.randn(4, model.args.hidden_size, generator=torch.Generator().manual_seed(4))
+    ids, _ = moe.route(x)
+    picked = moe._picked_experts(x, ids)
+    assert moe.stacked is None and StackedDenseExperts.fit(list(moe.experts))
+    stacked = StackedDenseExperts(list(moe.experts))
+    assert moe.experts[6].gate_up.weight.data_ptr() == stacked.gate_up[6].data_ptr()
+    assert ((stacked(x, ids) - picked).norm() / picked.norm()).item() < 1e-5

@@ -19,6 +19,11 @@ formats share; ``ops.checks``: argument checks; ``ops.registry``: how the quanti
 - every quantized op takes an optional last argument ``split_k`` (0: the launch table's): the K slices of
   the CUDA decode kernel, which set the order a row's products are added in (tensor-parallel shards pass
   their full layer's, so that they compute one GPU's bits).
+- ``nvfp4_experts(x, ids, codes, scales, global_scales, up_offset, out_features, in_features)``: a mixture of
+  experts' NVFP4 linears for a step's (token, expert) pairs, the experts' prepacks stacked (E, ...), expert
+  ``ids[p]`` for pair p of row ``p // (pairs / rows)``: one Triton launch on CUDA (``kernels.triton.nvfp4_experts``),
+  the reference pair by pair elsewhere; ``dense_experts(x, ids, weights, gated, out_features, in_features)`` the
+  same over float weights stacked (E, rows, K) (``kernels.triton.dense_experts``).
 - ``small_attention(q, k_cache, v_cache, mask, input_pos, key_start=None)``: grouped-query attention of t <= 32
   new positions over the static KV cache (``kernels.glue.small_attention``), (b, t, h, hd) out; CUDA only.
   ``key_start`` (b,): each sequence's first valid slot (a left-padded batch: its rows then get the bits they get
@@ -48,6 +53,6 @@ GEMV at M = 1, dequantize + cuBLAS above). On the CPU: the C kernels (``kernels.
 pure-torch reference. Launch configs come from ``dispatch.tuning``.
 """
 
-from . import fp8, gdn, glue, nvfp4  # registers torch.ops.anyfp4.*
+from . import experts, fp8, gdn, glue, nvfp4  # registers torch.ops.anyfp4.*
 
-__all__ = ["fp8", "gdn", "glue", "nvfp4"]
+__all__ = ["experts", "fp8", "gdn", "glue", "nvfp4"]

@@ -2,12 +2,20 @@
 ``top_k`` highest (softmax probabilities, renormalized over the k when the config says so) each run a SwiGLU expert
 (``nn.linear.GatedMLP``, any weight format), and their outputs are summed with those weights.
 
-Two ways to run the experts, with the same bits for each row (each expert's rows through the same row-independent
-ops): eagerly, each expert that some token picked over just its rows (what a step reads is the weights of the
-experts picked: the CPU path, and a GPU's until the grouped kernels); and while a CUDA graph is captured or
-torch.compile traces, every expert over every row with the unpicked ones weighted by zero, which needs no host
-value (slower by experts / top_k, correct). A token's k outputs are added in float32 in the order of their rank, so
-a row's sum does not depend on which other rows share the call.
+How the experts run:
+
+- on a GPU, up to DECODE_ROWS tokens (decode and verify steps) with NVFP4 experts whose gate and up share a global
+  scale, or float experts: ``StackedNVFP4Experts`` / ``StackedDenseExperts``, two launches of
+  ``torch.ops.anyfp4.nvfp4_experts`` / ``dense_experts`` for every (token, expert) pair (gated gate / up, then
+  down), the routing read on the GPU — the same launches eagerly and in a CUDA graph (FP8 experts: not yet);
+- otherwise eagerly, each expert that some token picked over just its rows (the CPU path: a step reads the weights
+  of the experts picked);
+- otherwise while a CUDA graph is captured or torch.compile traces, every expert over every row with the unpicked
+  ones weighted by zero, which needs no host value (slower by experts / top_k; the same row-independent ops as the
+  eager path, so the same bits).
+
+A token's k outputs are added in float32 in the order of their rank, so a row's sum does not depend on which other
+rows share the call.
 """
 
 from __future__ import annotations
@@ -15,7 +23,87 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..dispatch.limits import DECODE_ROWS
+from ..nn.linear import DenseLinear, NVFP4Linear
 from .config import MoEShape
+
+
+def _stack_buffers(layers: list[NVFP4Linear]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layers' prepacks stacked (E, ...); each layer's own buffers become views of the stacks (no copy kept)."""
+    codes = torch.stack([m.codes for m in layers])
+    scales = torch.stack([m.scales for m in layers])
+    global_scales = torch.cat([m.global_scale for m in layers])
+    for e, m in enumerate(layers):
+        m.codes, m.scales, m.global_scale = codes[e], scales[e], global_scales[e:e + 1]
+    return codes, scales, global_scales
+
+
+class StackedNVFP4Experts(nn.Module):
+    """A mixture's NVFP4 experts (gated gate / up, down, no biases) as stacked prepacks for the grouped op."""
+
+    def __init__(self, experts: list[nn.Module]):
+        super().__init__()
+        first = experts[0]
+        self.intermediate, self.up_offset = first.gated.out_features, first.gated.up_offset
+        self.hidden = first.gated.in_features
+        for name, layers in (("gate_up", [e.gated for e in experts]), ("down", [e.down for e in experts])):
+            codes, scales, global_scales = _stack_buffers(layers)
+            self.register_buffer(f"{name}_codes", codes)
+            self.register_buffer(f"{name}_scales", scales)
+            self.register_buffer(f"{name}_global_scales", global_scales)
+
+    @staticmethod
+    def fit(experts: list[nn.Module]) -> bool:
+        """Whether every expert is NVFP4 with gate and up in one gated prepack and a plain NVFP4 down."""
+        return all(isinstance(e.gated, NVFP4Linear) and e.gated.up_offset and isinstance(e.down, NVFP4Linear)
+                   and e.down.bias is None for e in experts)
+
+    def forward(self, flat: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """flat (n, hidden), ids (n, k) -> (n, k, hidden): expert ids[r, j]'s output for row r in slot j."""
+        pairs = ids.reshape(-1).to(torch.int32)
+        h = torch.ops.anyfp4.nvfp4_experts(flat, pairs, self.gate_up_codes, self.gate_up_scales,
+                                           self.gate_up_global_scales, self.up_offset, self.intermediate, self.hidden)
+        y = torch.ops.anyfp4.nvfp4_experts(h, pairs, self.down_codes, self.down_scales, self.down_global_scales, 0,
+                                           self.hidden, self.intermediate)
+        return y.view(*ids.shape, self.hidden)
+
+
+class StackedDenseExperts(nn.Module):
+    """A mixture's float experts (gate / up as one layer, down, no biases) as stacked weights for the grouped op."""
+
+    def __init__(self, experts: list[nn.Module]):
+        super().__init__()
+        first = experts[0]
+        self.intermediate, self.hidden = first.intermediate, first.down.weight.shape[0]
+        for name, layers in (("gate_up", [e.gate_up for e in experts]), ("down", [e.down for e in experts])):
+            stack = torch.stack([m.weight for m in layers])
+            for e, m in enumerate(layers):
+                m.weight = stack[e]
+            self.register_buffer(name, stack)
+
+    @staticmethod
+    def fit(experts: list[nn.Module]) -> bool:
+        """Whether every expert is float with gate and up as one layer."""
+        return all(isinstance(e.gate_up, DenseLinear) and isinstance(e.down, DenseLinear) and e.gate_up.bias is None
+                   and e.down.bias is None for e in experts)
+
+    def forward(self, flat: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        pairs = ids.reshape(-1).to(torch.int32)
+        h = torch.ops.anyfp4.dense_experts(flat, pairs, self.gate_up, True, self.intermediate, self.hidden)
+        y = torch.ops.anyfp4.dense_experts(h, pairs, self.down, False, self.hidden, self.intermediate)
+        return y.view(*ids.shape, self.hidden)
+
+
+def stacked_experts(experts: list[nn.Module]) -> nn.Module | None:
+    """The grouped form of a mixture's experts on a GPU (NVFP4 or float; None for others, or on the CPU)."""
+    probe = experts[0].down
+    weight = probe.codes if isinstance(probe, NVFP4Linear) else getattr(probe, "weight", None)
+    if weight is None or not weight.is_cuda:
+        return None
+    for kind in (StackedNVFP4Experts, StackedDenseExperts):
+        if kind.fit(experts):
+            return kind(experts)
+    return None
 
 
 class MixtureOfExperts(nn.Module):
@@ -24,6 +112,7 @@ class MixtureOfExperts(nn.Module):
         if len(experts) != shape.experts:
             raise ValueError(f"{len(experts)} experts built for a config of {shape.experts}")
         self.shape, self.router, self.experts = shape, router, nn.ModuleList(experts)
+        self.stacked = stacked_experts(experts)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (n, hidden) -> each row's top_k expert ids (n, k) and weights (n, k) float32, highest first."""
@@ -49,7 +138,9 @@ class MixtureOfExperts(nn.Module):
         lead, hidden = x.shape[:-1], x.shape[-1]
         flat = x.reshape(-1, hidden)
         ids, weights = self.route(flat)
-        if torch.compiler.is_compiling() or (flat.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if self.stacked is not None and flat.is_cuda and flat.shape[0] <= DECODE_ROWS:
+            picked = self.stacked(flat, ids)
+        elif torch.compiler.is_compiling() or (flat.is_cuda and torch.cuda.is_current_stream_capturing()):
             picked = self._every_expert(flat, ids)
         else:
             picked = self._picked_experts(flat, ids)

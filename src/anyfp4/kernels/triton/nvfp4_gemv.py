@@ -30,7 +30,7 @@ from .nvfp4_epilogue import epilogue, splitk_reduce_kernel
 
 
 @triton.jit
-def _row_tile_dot(x_ptr, codes_ptr, scales_ptr, rows, t, j, K, stride_c, stride_s, BLOCK_K: tl.constexpr):
+def row_tile_dot(x_ptr, codes_ptr, scales_ptr, rows, t, j, K, stride_c, stride_s, BLOCK_K: tl.constexpr):
     """sum over one K tile of (e2m1 * 2^-14) * bs * x, per row: (BLOCK_N,) float32."""
     words = tl.load(codes_ptr + tiled_word_offset(rows[:, None], (t * (BLOCK_K // 8) + j)[None, :], stride_c))
     sb = tl.load(scales_ptr + tiled_scale_offset(rows[:, None], (t * (BLOCK_K // 16) + j // 2)[None, :], stride_s))
@@ -67,9 +67,9 @@ def nvfp4_gemv_kernel(
     acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for it in range(0, K_ITERS):
         t = pid_k * K_ITERS + it
-        acc += _row_tile_dot(x_ptr, codes_ptr, scales_ptr, rows, t, j, K, stride_c, stride_s, BLOCK_K)
+        acc += row_tile_dot(x_ptr, codes_ptr, scales_ptr, rows, t, j, K, stride_c, stride_s, BLOCK_K)
         if GATED:
-            acc_up += _row_tile_dot(x_ptr, codes_ptr, scales_ptr, rows + UP_OFFSET, t, j, K, stride_c,
+            acc_up += row_tile_dot(x_ptr, codes_ptr, scales_ptr, rows + UP_OFFSET, t, j, K, stride_c,
                                     stride_s, BLOCK_K)
     if not USE_PARTIAL:
         epilogue(acc[None, :], acc_up[None, :], tl.zeros((1,), dtype=tl.int32), rows, 1, N_OUT, gscale_ptr,
