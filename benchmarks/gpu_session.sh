@@ -145,11 +145,11 @@ batch)
     if [ -n "${TOKENIZER:-}" ]; then ANYFP4_PREFILL=chunked bash "$0" serve; fi
     ;;
 moe)
-    # mixtures of experts: the grouped expert kernels and graph == eager, then random Qwen3-30B-A3B NVFP4 vs bf16
-    # (both through their grouped launches; FP8 experts still run every expert inside a graph: not timed)
+    # mixtures of experts: the grouped expert kernels and graph == eager, then random Qwen3-30B-A3B NVFP4 and FP8
+    # against bf16 (all three through their grouped launches), batch 1 and 16
     timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/runtime/test_experts.py \
-        tests/kernels/triton/test_nvfp4_experts.py tests/kernels/triton/test_dense_experts.py 2>&1 | tail -6 \
-        | tee "$OUT/pytest_moe.txt"
+        tests/kernels/triton/test_nvfp4_experts.py tests/kernels/triton/test_fp8_experts.py \
+        tests/kernels/triton/test_dense_experts.py 2>&1 | tail -6 | tee "$OUT/pytest_moe.txt"
     for batch in 1 16; do
         timeout 240 python3 -m anyfp4 bench --random-weights qwen3-30b-a3b --format nvfp4 --compare bf16 --batch $batch \
             --json > "$OUT/bench_moe_b$batch.json" 2> "$OUT/bench_moe_b$batch.err"
@@ -157,6 +157,8 @@ moe)
 [print(x['model'], 'batch', x['batch'], 'decode', round(x['decode_tok_s'], 1), 'tok/s', round(x['pct_of_copy'] or 0),
        '% of copy') for x in rs]" "$OUT/bench_moe_b$batch.json" 2>/dev/null || tail -3 "$OUT/bench_moe_b$batch.err"
     done
+    timeout 200 python3 -m anyfp4 bench --random-weights qwen3-30b-a3b --format fp8 --json > "$OUT/bench_moe_fp8.json" \
+        2> "$OUT/bench_moe_fp8.err" || tail -3 "$OUT/bench_moe_fp8.err"
     ;;
 chain)
     timeout 120 python3 benchmarks/probes/chain_floor.py --out "$OUT/chain_floor.json" 2>&1 | tail -20

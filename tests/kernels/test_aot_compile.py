@@ -14,6 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from anyfp4.kernels.triton.fp8_experts import fp8_experts_kernel
 from anyfp4.kernels.triton.fp8_linear import fp8_dequant_kernel, fp8_gemv_kernel, fp8_raw_kernel
 from anyfp4.kernels.triton.nvfp4_decode import act_block_pack_kernel, nvfp4_decode_kernel
 from anyfp4.kernels.triton.nvfp4_dequant import nvfp4_dequant_kernel
@@ -171,7 +172,7 @@ def support_kernels_compile(cc):
 
 
 def experts_kernels_compile(act, cc):
-    """The grouped expert GEMVs of a mixture of experts (NVFP4 and float), gated and plain."""
+    """The grouped expert GEMVs of a mixture of experts (NVFP4, FP8 and float), gated and plain."""
     sizes = ("K", "N_OUT", "UP_OFFSET", "K_TILES", "PAIRS_PER_ROW", "stride_x", "stride_o", "stride_ce", "stride_se",
              "stride_c", "stride_s")
     for gated in (False, True):
@@ -179,6 +180,11 @@ def experts_kernels_compile(act, cc):
                                            "scales_ptr": "*u8", "gscale_ptr": "*fp32", "out_ptr": f"*{act}",
                                            **{n: "i32" for n in sizes}},
                     {"BLOCK_N": 8, "BLOCK_K": 256, "GATED": gated, "INTERPRET": False}, cc, num_warps=2)
+        compile_for(fp8_experts_kernel, {"x_ptr": f"*{act}", "ids_ptr": "*i32", "codes_ptr": "*i32",
+                                         "scales_ptr": "*fp32", "out_ptr": f"*{act}", **{n: "i32" for n in (
+                                             "K", "N_OUT", "UP_OFFSET", "K_TILES", "PAIRS_PER_ROW", "stride_x",
+                                             "stride_o", "stride_ce", "stride_se", "stride_c")}},
+                    {"BLOCK_N": 8, "BLOCK_K": 512, "GATED": gated, "INTERPRET": False}, cc, num_warps=2)
         compile_for(dense_experts_kernel, {"x_ptr": f"*{act}", "ids_ptr": "*i32", "w_ptr": f"*{act}",
                                            "out_ptr": f"*{act}", **{n: "i32" for n in (
                                                "N_OUT", "K", "PAIRS_PER_ROW", "stride_x", "stride_we", "stride_wn",

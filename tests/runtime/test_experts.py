@@ -172,13 +172,15 @@ def test_stacked_experts_are_the_experts(nvfp4_moe):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "bf16"])
 def test_on_the_gpu_a_graphed_step_replays_the_eager_step(nvfp4_moe, fmt, monkeypatch):
-    """NVFP4 and float experts on a GPU: the grouped launches eagerly and inside the decode step's CUDA graph, the
-    same bits."""
+    """NVFP4, FP8 and float experts on a GPU: the grouped launches eagerly and inside the decode step's CUDA graph,
+    the same bits."""
     from helpers import graphed_against_eager
 
-    ckpt = nvfp4_moe if fmt == "nvfp4" else nvfp4_moe.parent / "src"
+    ckpt = {"nvfp4": nvfp4_moe, "bf16": nvfp4_moe.parent / "src"}.get(fmt) or quantize_checkpoint(
+        nvfp4_moe.parent / "src", nvfp4_moe.parent / "fp8", QuantizeOptions(format=TargetFormat.FP8,
+                                                                            progress=False)).dst
     model, _ = load_model(ckpt, "cuda", torch.bfloat16, progress=False)
     assert all(m.stacked is not None for m in experts_of(model))
     eager, graph = graphed_against_eager(model, monkeypatch)
@@ -198,4 +200,20 @@ def test_stacked_float_experts_are_the_experts(tmp_path):
     assert moe.stacked is None and StackedDenseExperts.fit(list(moe.experts))
     stacked = StackedDenseExperts(list(moe.experts))
     assert moe.experts[6].gate_up.weight.data_ptr() == stacked.gate_up[6].data_ptr()
+    assert ((stacked(x, ids) - picked).norm() / picked.norm()).item() < 1e-5
+
+
+def test_stacked_fp8_experts_are_the_experts(tmp_path):
+    from anyfp4.runtime.experts import StackedFP8Experts
+
+    src = random_moe(tmp_path / "src", "qwen3_moe")
+    q = quantize_checkpoint(src, tmp_path / "fp8", QuantizeOptions(format=TargetFormat.FP8, progress=False)).dst
+    model, _ = load_model(q, "cpu", torch.float32, progress=False)
+    moe = experts_of(model)[0]
+    x = torch.randn(4, model.args.hidden_size, generator=torch.Generator().manual_seed(5))
+    ids, _ = moe.route(x)
+    picked = moe._picked_experts(x, ids)
+    assert moe.stacked is None and StackedFP8Experts.fit(list(moe.experts))
+    stacked = StackedFP8Experts(list(moe.experts))
+    assert moe.experts[2].gated.codes.data_ptr() == stacked.gate_up_codes[2].data_ptr()
     assert ((stacked(x, ids) - picked).norm() / picked.norm()).item() < 1e-5

@@ -1,8 +1,9 @@
 """The grouped expert ops of a mixture of experts, and their fakes: for each (token, expert) pair p, expert
 ``ids[p]``'s linear (gated: ``silu(gate) * up``) of row ``p // (pairs / rows)`` of x, from the experts' weights
 stacked along a leading dimension — ``nvfp4_experts(x, ids, codes, scales, global_scales, up_offset, out_features,
-in_features)`` over NVFP4 prepacks, ``dense_experts(x, ids, weights, gated, out_features, in_features)`` over float
-weights (E, rows, K). On CUDA one Triton launch for every pair (``kernels.triton.nvfp4_experts`` /
+in_features)`` over NVFP4 prepacks, ``fp8_experts(x, ids, codes, scales, up_offset, out_features, in_features)``
+over FP8 prepacks, ``dense_experts(x, ids, weights, gated, out_features, in_features)`` over float weights (E, rows,
+K). On CUDA one Triton launch for every pair (``kernels.triton.nvfp4_experts`` / ``fp8_experts`` /
 ``dense_experts``: the routing stays on the GPU); elsewhere the pure-torch definitions, pair by pair."""
 
 from __future__ import annotations
@@ -11,21 +12,35 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..packing.fp8 import FP8Prepacked
 from ..packing.nvfp4 import NVFP4Prepacked
 from .checks import check_fake_devices
+from .fp8 import fp8_reference
 from .nvfp4 import nvfp4_reference
 from .registry import linear_op
 
 
-def _check(x: Tensor, ids: Tensor, codes: Tensor, scales: Tensor, global_scales: Tensor, up_offset: int,
-           out_features: int, in_features: int) -> None:
-    name = "nvfp4_experts"
+def _check_pairs(name: str, x: Tensor, ids: Tensor, in_features: int) -> None:
     if x.dim() != 2 or x.shape[1] != in_features or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"{name}: x must be (rows, {in_features}) fp16 / bf16 / fp32, got {tuple(x.shape)} "
                          f"{x.dtype}")
     if ids.dim() != 1 or ids.dtype != torch.int32 or x.shape[0] == 0 or ids.shape[0] % x.shape[0]:
         raise ValueError(f"{name}: ids must be (pairs,) int32, a multiple of the {x.shape[0]} rows of x; got "
                          f"{tuple(ids.shape)} {ids.dtype}")
+
+
+def _check_rows(name: str, codes: Tensor, k_per_word: int, up_offset: int, out_features: int,
+                in_features: int) -> None:
+    rows = 2 * up_offset if up_offset else out_features
+    if codes.shape[1] < rows or codes.shape[2] * k_per_word < in_features:
+        raise ValueError(f"{name}: prepacks of {codes.shape[1]} rows x {codes.shape[2] * k_per_word} columns do not "
+                         f"hold {out_features} outputs{' (gated)' if up_offset else ''} of {in_features} inputs")
+
+
+def _check(x: Tensor, ids: Tensor, codes: Tensor, scales: Tensor, global_scales: Tensor, up_offset: int,
+           out_features: int, in_features: int) -> None:
+    name = "nvfp4_experts"
+    _check_pairs(name, x, ids, in_features)
     experts = codes.shape[0]
     if (codes.dim() != 3 or codes.dtype != torch.int32 or scales.dim() != 3 or scales.shape[0] != experts
             or scales.dtype != torch.uint8 or global_scales.shape != (experts,)
@@ -33,10 +48,7 @@ def _check(x: Tensor, ids: Tensor, codes: Tensor, scales: Tensor, global_scales:
         raise ValueError(f"{name}: the stacked prepacks must be codes (E, N_pad, K_pad / 8) int32, scales (E, ...) "
                          f"uint8 and global scales (E,) float32; got {tuple(codes.shape)} {codes.dtype}, "
                          f"{tuple(scales.shape)} {scales.dtype}, {tuple(global_scales.shape)} {global_scales.dtype}")
-    rows = 2 * up_offset if up_offset else out_features
-    if codes.shape[1] < rows or codes.shape[2] * 8 < in_features:
-        raise ValueError(f"{name}: prepacks of {codes.shape[1]} rows x {codes.shape[2] * 8} columns do not hold "
-                         f"{out_features} outputs{' (gated)' if up_offset else ''} of {in_features} inputs")
+    _check_rows(name, codes, 8, up_offset, out_features, in_features)
 
 
 def _expert(codes, scales, global_scales, e: int, up_offset: int, out_features: int, in_features: int):
@@ -68,11 +80,7 @@ def _(x, ids, codes, scales, global_scales, up_offset, out_features, in_features
 
 def _check_dense(x: Tensor, ids: Tensor, weights: Tensor, gated: bool, out_features: int, in_features: int) -> None:
     name = "dense_experts"
-    if x.dim() != 2 or x.shape[1] != in_features or x.shape[0] == 0:
-        raise ValueError(f"{name}: x must be (rows, {in_features}), got {tuple(x.shape)}")
-    if ids.dim() != 1 or ids.dtype != torch.int32 or ids.shape[0] % x.shape[0]:
-        raise ValueError(f"{name}: ids must be (pairs,) int32, a multiple of the {x.shape[0]} rows of x; got "
-                         f"{tuple(ids.shape)} {ids.dtype}")
+    _check_pairs(name, x, ids, in_features)
     rows = out_features * (2 if gated else 1)
     if weights.dim() != 3 or weights.shape[1:] != (rows, in_features) or not weights.is_contiguous():
         raise ValueError(f"{name}: weights must be (E, {rows}, {in_features}) contiguous, got "
@@ -100,4 +108,35 @@ def dense_experts(x: Tensor, ids: Tensor, weights: Tensor, gated: bool, out_feat
 @dense_experts.register_fake
 def _(x, ids, weights, gated, out_features, in_features):
     check_fake_devices("dense_experts", x, ids, weights)
+    return x.new_empty(ids.shape[0], out_features)
+
+
+@linear_op("fp8_experts")
+def fp8_experts(x: Tensor, ids: Tensor, codes: Tensor, scales: Tensor, up_offset: int, out_features: int,
+                in_features: int) -> Tensor:
+    """x (rows, in_features), ids (pairs,) int32, codes (E, N_pad, K_pad / 4) int32, scales (E, N_pad) float32 ->
+    (pairs, out_features) in x's dtype."""
+    name = "fp8_experts"
+    _check_pairs(name, x, ids, in_features)
+    if (codes.dim() != 3 or codes.dtype != torch.int32 or scales.shape != codes.shape[:2]
+            or scales.dtype != torch.float32):
+        raise ValueError(f"{name}: the stacked prepacks must be codes (E, N_pad, K_pad / 4) int32 and scales "
+                         f"(E, N_pad) float32; got {tuple(codes.shape)} {codes.dtype}, {tuple(scales.shape)} "
+                         f"{scales.dtype}")
+    _check_rows(name, codes, 4, up_offset, out_features, in_features)
+    if x.is_cuda:
+        from ..kernels.triton.fp8_experts import fp8_experts_gemv
+
+        return fp8_experts_gemv(x, ids, codes, scales, up_offset, out_features)
+    per_row = ids.shape[0] // x.shape[0]
+    out = x.new_empty(ids.shape[0], out_features)
+    for p, e in enumerate(ids.tolist()):
+        w = FP8Prepacked(codes[e], scales[e], out_features, in_features, up_offset)
+        out[p] = fp8_reference(x[p // per_row:p // per_row + 1], w, None)[0]
+    return out
+
+
+@fp8_experts.register_fake
+def _(x, ids, codes, scales, up_offset, out_features, in_features):
+    check_fake_devices("fp8_experts", x, ids, codes, scales)
     return x.new_empty(ids.shape[0], out_features)

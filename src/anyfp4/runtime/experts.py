@@ -5,9 +5,10 @@
 How the experts run:
 
 - on a GPU, up to DECODE_ROWS tokens (decode and verify steps) with NVFP4 experts whose gate and up share a global
-  scale, or float experts: ``StackedNVFP4Experts`` / ``StackedDenseExperts``, two launches of
-  ``torch.ops.anyfp4.nvfp4_experts`` / ``dense_experts`` for every (token, expert) pair (gated gate / up, then
-  down), the routing read on the GPU — the same launches eagerly and in a CUDA graph (FP8 experts: not yet);
+  scale, FP8 experts or float experts: ``StackedNVFP4Experts`` / ``StackedFP8Experts`` / ``StackedDenseExperts``,
+  two launches of ``torch.ops.anyfp4.nvfp4_experts`` / ``fp8_experts`` / ``dense_experts`` for every (token,
+  expert) pair (gated gate / up, then down), the routing read on the GPU — the same launches eagerly and in a CUDA
+  graph;
 - otherwise eagerly, each expert that some token picked over just its rows (the CPU path: a step reads the weights
   of the experts picked);
 - otherwise while a CUDA graph is captured or torch.compile traces, every expert over every row with the unpicked
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 from ..dispatch.limits import DECODE_ROWS
-from ..nn.linear import DenseLinear, NVFP4Linear
+from ..nn.linear import DenseLinear, FP8Linear, NVFP4Linear
 from .config import MoEShape
 
 
@@ -68,6 +69,36 @@ class StackedNVFP4Experts(nn.Module):
         return y.view(*ids.shape, self.hidden)
 
 
+class StackedFP8Experts(nn.Module):
+    """A mixture's FP8 experts (gated gate / up, down, no biases) as stacked prepacks for the grouped op."""
+
+    def __init__(self, experts: list[nn.Module]):
+        super().__init__()
+        first = experts[0]
+        self.intermediate, self.up_offset = first.gated.out_features, first.gated.up_offset
+        self.hidden = first.gated.in_features
+        for name, layers in (("gate_up", [e.gated for e in experts]), ("down", [e.down for e in experts])):
+            codes, scales = torch.stack([m.codes for m in layers]), torch.stack([m.scales for m in layers])
+            for e, m in enumerate(layers):
+                m.codes, m.scales = codes[e], scales[e]
+            self.register_buffer(f"{name}_codes", codes)
+            self.register_buffer(f"{name}_scales", scales)
+
+    @staticmethod
+    def fit(experts: list[nn.Module]) -> bool:
+        """Whether every expert is FP8 with gate and up in one gated prepack and a plain FP8 down."""
+        return all(isinstance(e.gated, FP8Linear) and e.gated.up_offset and isinstance(e.down, FP8Linear)
+                   and e.down.bias is None for e in experts)
+
+    def forward(self, flat: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        pairs = ids.reshape(-1).to(torch.int32)
+        h = torch.ops.anyfp4.fp8_experts(flat, pairs, self.gate_up_codes, self.gate_up_scales, self.up_offset,
+                                         self.intermediate, self.hidden)
+        y = torch.ops.anyfp4.fp8_experts(h, pairs, self.down_codes, self.down_scales, 0, self.hidden,
+                                         self.intermediate)
+        return y.view(*ids.shape, self.hidden)
+
+
 class StackedDenseExperts(nn.Module):
     """A mixture's float experts (gate / up as one layer, down, no biases) as stacked weights for the grouped op."""
 
@@ -95,12 +126,12 @@ class StackedDenseExperts(nn.Module):
 
 
 def stacked_experts(experts: list[nn.Module]) -> nn.Module | None:
-    """The grouped form of a mixture's experts on a GPU (NVFP4 or float; None for others, or on the CPU)."""
+    """The grouped form of a mixture's experts on a GPU (NVFP4, FP8 or float; None for others, or on the CPU)."""
     probe = experts[0].down
-    weight = probe.codes if isinstance(probe, NVFP4Linear) else getattr(probe, "weight", None)
+    weight = probe.codes if isinstance(probe, (NVFP4Linear, FP8Linear)) else getattr(probe, "weight", None)
     if weight is None or not weight.is_cuda:
         return None
-    for kind in (StackedNVFP4Experts, StackedDenseExperts):
+    for kind in (StackedNVFP4Experts, StackedFP8Experts, StackedDenseExperts):
         if kind.fit(experts):
             return kind(experts)
     return None

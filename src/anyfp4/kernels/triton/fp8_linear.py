@@ -20,7 +20,7 @@ from .common import dequantize_matmul, round_to_output, workspace
 
 
 @triton.jit
-def _fp8_row_tile(x_ptr, codes_ptr, rows, t, j, K, stride_c, BLOCK_K: tl.constexpr):
+def fp8_row_tile(x_ptr, codes_ptr, rows, t, j, K, stride_c, BLOCK_K: tl.constexpr):
     words = tl.load(codes_ptr + tiled_word_offset(rows[:, None], (t * (BLOCK_K // 4) + j)[None, :], stride_c))
     part = tl.zeros(words.shape, dtype=tl.float32)
     for i in tl.static_range(4):
@@ -45,9 +45,9 @@ def fp8_gemv_kernel(
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for t in range(0, K_TILES):
-        acc += _fp8_row_tile(x_ptr, codes_ptr, rows, t, j, K, stride_c, BLOCK_K)
+        acc += fp8_row_tile(x_ptr, codes_ptr, rows, t, j, K, stride_c, BLOCK_K)
         if GATED:
-            acc_up += _fp8_row_tile(x_ptr, codes_ptr, rows + UP_OFFSET, t, j, K, stride_c, BLOCK_K)
+            acc_up += fp8_row_tile(x_ptr, codes_ptr, rows + UP_OFFSET, t, j, K, stride_c, BLOCK_K)
     y = acc * (tl.load(scales_ptr + rows) * 256.0)
     if GATED:
         u = acc_up * (tl.load(scales_ptr + rows + UP_OFFSET) * 256.0)
