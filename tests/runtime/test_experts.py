@@ -155,15 +155,15 @@ def test_speculation_keeps_the_greedy_text(nvfp4_moe):
 def test_stacked_experts_are_the_experts(nvfp4_moe):
     """The stacks the GPU's grouped op reads: the experts' own buffers become views of them (no second copy), and
     the grouped op's outputs (its pure-torch definition here) are the picked experts' values."""
-    from anyfp4.runtime.experts import StackedNVFP4Experts
+    from anyfp4.runtime.experts import StackedQuantizedExperts
 
     model, _ = load_model(nvfp4_moe, "cpu", torch.float32, progress=False)
     moe = experts_of(model)[0]
     x = torch.randn(4, model.args.hidden_size, generator=torch.Generator().manual_seed(3))
     ids, _ = moe.route(x)
     picked = moe._picked_experts(x, ids)
-    assert moe.stacked is None and StackedNVFP4Experts.fit(list(moe.experts))
-    stacked = StackedNVFP4Experts(list(moe.experts))
+    assert moe.stacked is None and StackedQuantizedExperts.fit(list(moe.experts))
+    stacked = StackedQuantizedExperts(list(moe.experts))
     assert moe.experts[3].down.codes.data_ptr() == stacked.down_codes[3].data_ptr()
     assert moe.experts[5].gated.scales.data_ptr() == stacked.gate_up_scales[5].data_ptr()
     grouped = stacked(x, ids)
@@ -204,7 +204,7 @@ def test_stacked_float_experts_are_the_experts(tmp_path):
 
 
 def test_stacked_fp8_experts_are_the_experts(tmp_path):
-    from anyfp4.runtime.experts import StackedFP8Experts
+    from anyfp4.runtime.experts import StackedQuantizedExperts
 
     src = random_moe(tmp_path / "src", "qwen3_moe")
     q = quantize_checkpoint(src, tmp_path / "fp8", QuantizeOptions(format=TargetFormat.FP8, progress=False)).dst
@@ -213,7 +213,7 @@ def test_stacked_fp8_experts_are_the_experts(tmp_path):
     x = torch.randn(4, model.args.hidden_size, generator=torch.Generator().manual_seed(5))
     ids, _ = moe.route(x)
     picked = moe._picked_experts(x, ids)
-    assert moe.stacked is None and StackedFP8Experts.fit(list(moe.experts))
-    stacked = StackedFP8Experts(list(moe.experts))
+    assert moe.stacked is None and StackedQuantizedExperts.fit(list(moe.experts))
+    stacked = StackedQuantizedExperts(list(moe.experts))
     assert moe.experts[2].gated.codes.data_ptr() == stacked.gate_up_codes[2].data_ptr()
     assert ((stacked(x, ids) - picked).norm() / picked.norm()).item() < 1e-5

@@ -5,8 +5,7 @@
 How the experts run:
 
 - on a GPU, up to DECODE_ROWS tokens (decode and verify steps) with NVFP4 experts whose gate and up share a global
-  scale, FP8 experts or float experts: ``StackedNVFP4Experts`` / ``StackedFP8Experts`` / ``StackedDenseExperts``,
-  two launches of ``torch.ops.anyfp4.nvfp4_experts`` / ``fp8_experts`` / ``dense_experts`` for every (token,
+  scale, FP8 experts or float experts: ``StackedQuantizedExperts`` / ``StackedDenseExperts``, two launches of ``torch.ops.anyfp4.nvfp4_experts`` / ``fp8_experts`` / ``dense_experts`` for every (token,
   expert) pair (gated gate / up, then down), the routing read on the GPU — the same launches eagerly and in a CUDA
   graph;
 - otherwise eagerly, each expert that some token picked over just its rows (the CPU path: a step reads the weights
@@ -29,73 +28,47 @@ from ..nn.linear import DenseLinear, FP8Linear, NVFP4Linear
 from .config import MoEShape
 
 
-def _stack_buffers(layers: list[NVFP4Linear]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The layers' prepacks stacked (E, ...); each layer's own buffers become views of the stacks (no copy kept)."""
-    codes = torch.stack([m.codes for m in layers])
-    scales = torch.stack([m.scales for m in layers])
-    global_scales = torch.cat([m.global_scale for m in layers])
-    for e, m in enumerate(layers):
-        m.codes, m.scales, m.global_scale = codes[e], scales[e], global_scales[e:e + 1]
-    return codes, scales, global_scales
+class StackedQuantizedExperts(nn.Module):
+    """A mixture's NVFP4 or FP8 experts (gate and up in one gated prepack, a plain down, no biases) as prepacks
+    stacked along a leading expert dimension for the grouped op; each expert's own buffers become views of the
+    stacks (no second copy)."""
 
-
-class StackedNVFP4Experts(nn.Module):
-    """A mixture's NVFP4 experts (gated gate / up, down, no biases) as stacked prepacks for the grouped op."""
+    # per format: the prepack buffers the op takes (in its argument order) and the op
+    BUFFERS = {NVFP4Linear: ("codes", "scales", "global_scale"), FP8Linear: ("codes", "scales")}
+    OPS = {NVFP4Linear: "nvfp4_experts", FP8Linear: "fp8_experts"}
 
     def __init__(self, experts: list[nn.Module]):
         super().__init__()
         first = experts[0]
+        self.kind = type(first.down)
         self.intermediate, self.up_offset = first.gated.out_features, first.gated.up_offset
         self.hidden = first.gated.in_features
-        for name, layers in (("gate_up", [e.gated for e in experts]), ("down", [e.down for e in experts])):
-            codes, scales, global_scales = _stack_buffers(layers)
-            self.register_buffer(f"{name}_codes", codes)
-            self.register_buffer(f"{name}_scales", scales)
-            self.register_buffer(f"{name}_global_scales", global_scales)
+        for part, layers in (("gate_up", [e.gated for e in experts]), ("down", [e.down for e in experts])):
+            for name in self.BUFFERS[self.kind]:
+                stack = torch.stack([getattr(m, name) for m in layers])
+                for e, m in enumerate(layers):
+                    setattr(m, name, stack[e])
+                self.register_buffer(f"{part}_{name}", stack)
 
-    @staticmethod
-    def fit(experts: list[nn.Module]) -> bool:
-        """Whether every expert is NVFP4 with gate and up in one gated prepack and a plain NVFP4 down."""
-        return all(isinstance(e.gated, NVFP4Linear) and e.gated.up_offset and isinstance(e.down, NVFP4Linear)
-                   and e.down.bias is None for e in experts)
+    @classmethod
+    def fit(cls, experts: list[nn.Module]) -> bool:
+        """Whether every expert is NVFP4 (or every one FP8) with gate and up in one gated prepack."""
+        kind = type(experts[0].down)
+        return kind in cls.BUFFERS and all(
+            isinstance(e.gated, kind) and e.gated.up_offset and isinstance(e.down, kind) and e.down.bias is None
+            for e in experts)
+
+    def _stacks(self, part: str) -> list[torch.Tensor]:
+        # a global scale per expert: (E, 1) stacked, (E,) for the op
+        return [getattr(self, f"{part}_{n}").view(-1) if n == "global_scale" else getattr(self, f"{part}_{n}")
+                for n in self.BUFFERS[self.kind]]
 
     def forward(self, flat: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """flat (n, hidden), ids (n, k) -> (n, k, hidden): expert ids[r, j]'s output for row r in slot j."""
         pairs = ids.reshape(-1).to(torch.int32)
-        h = torch.ops.anyfp4.nvfp4_experts(flat, pairs, self.gate_up_codes, self.gate_up_scales,
-                                           self.gate_up_global_scales, self.up_offset, self.intermediate, self.hidden)
-        y = torch.ops.anyfp4.nvfp4_experts(h, pairs, self.down_codes, self.down_scales, self.down_global_scales, 0,
-                                           self.hidden, self.intermediate)
-        return y.view(*ids.shape, self.hidden)
-
-
-class StackedFP8Experts(nn.Module):
-    """A mixture's FP8 experts (gated gate / up, down, no biases) as stacked prepacks for the grouped op."""
-
-    def __init__(self, experts: list[nn.Module]):
-        super().__init__()
-        first = experts[0]
-        self.intermediate, self.up_offset = first.gated.out_features, first.gated.up_offset
-        self.hidden = first.gated.in_features
-        for name, layers in (("gate_up", [e.gated for e in experts]), ("down", [e.down for e in experts])):
-            codes, scales = torch.stack([m.codes for m in layers]), torch.stack([m.scales for m in layers])
-            for e, m in enumerate(layers):
-                m.codes, m.scales = codes[e], scales[e]
-            self.register_buffer(f"{name}_codes", codes)
-            self.register_buffer(f"{name}_scales", scales)
-
-    @staticmethod
-    def fit(experts: list[nn.Module]) -> bool:
-        """Whether every expert is FP8 with gate and up in one gated prepack and a plain FP8 down."""
-        return all(isinstance(e.gated, FP8Linear) and e.gated.up_offset and isinstance(e.down, FP8Linear)
-                   and e.down.bias is None for e in experts)
-
-    def forward(self, flat: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        pairs = ids.reshape(-1).to(torch.int32)
-        h = torch.ops.anyfp4.fp8_experts(flat, pairs, self.gate_up_codes, self.gate_up_scales, self.up_offset,
-                                         self.intermediate, self.hidden)
-        y = torch.ops.anyfp4.fp8_experts(h, pairs, self.down_codes, self.down_scales, 0, self.hidden,
-                                         self.intermediate)
+        op = getattr(torch.ops.anyfp4, self.OPS[self.kind])
+        h = op(flat, pairs, *self._stacks("gate_up"), self.up_offset, self.intermediate, self.hidden)
+        y = op(h, pairs, *self._stacks("down"), 0, self.hidden, self.intermediate)
         return y.view(*ids.shape, self.hidden)
 
 
@@ -131,7 +104,7 @@ def stacked_experts(experts: list[nn.Module]) -> nn.Module | None:
     weight = probe.codes if isinstance(probe, (NVFP4Linear, FP8Linear)) else getattr(probe, "weight", None)
     if weight is None or not weight.is_cuda:
         return None
-    for kind in (StackedNVFP4Experts, StackedFP8Experts, StackedDenseExperts):
+    for kind in (StackedQuantizedExperts, StackedDenseExperts):
         if kind.fit(experts):
             return kind(experts)
     return None
