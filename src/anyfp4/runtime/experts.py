@@ -5,9 +5,9 @@
 How the experts run:
 
 - on a GPU, up to DECODE_ROWS tokens (decode and verify steps) with NVFP4 experts whose gate and up share a global
-  scale, FP8 experts or float experts: ``StackedQuantizedExperts`` / ``StackedDenseExperts``, two launches of ``torch.ops.anyfp4.nvfp4_experts`` / ``fp8_experts`` / ``dense_experts`` for every (token,
-  expert) pair (gated gate / up, then down), the routing read on the GPU — the same launches eagerly and in a CUDA
-  graph;
+  scale, FP8 experts or float experts: ``StackedQuantizedExperts`` / ``StackedDenseExperts``, two launches of
+  ``torch.ops.anyfp4.nvfp4_experts`` / ``fp8_experts`` / ``dense_experts`` for every (token, expert) pair (gated
+  gate / up, then down), the routing read on the GPU — the same launches eagerly and in a CUDA graph;
 - otherwise eagerly, each expert that some token picked over just its rows (the CPU path: a step reads the weights
   of the experts picked);
 - otherwise while a CUDA graph is captured or torch.compile traces, every expert over every row with the unpicked
