@@ -152,22 +152,29 @@ def test_speculation_keeps_the_greedy_text(nvfp4_moe):
     assert spec == generate(model, [prompt], params)[0] and stats.verify_steps >= 1
 
 
-def test_stacked_experts_are_the_experts(nvfp4_moe):
-    """The stacks the GPU's grouped op reads: the experts' own buffers become views of them (no second copy), and
-    the grouped op's outputs (its pure-torch definition here) are the picked experts' values."""
-    from anyfp4.runtime.experts import StackedQuantizedExperts
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "bf16"])
+def test_stacked_experts_are_the_experts(tmp_path, fmt):
+    """The stacks the GPU's grouped ops read: the experts' own buffers become views of them (no second copy), and
+    the grouped ops' outputs (their pure-torch definitions here) are the picked experts' values."""
+    from anyfp4.runtime.experts import StackedDenseExperts, StackedQuantizedExperts
 
-    model, _ = load_model(nvfp4_moe, "cpu", torch.float32, progress=False)
+    src = random_moe(tmp_path / "src", "qwen3_moe" if fmt != "bf16" else "mixtral")
+    ckpt = src if fmt == "bf16" else quantize_checkpoint(src, tmp_path / fmt, QuantizeOptions(
+        format=TargetFormat(fmt), progress=False)).dst
+    model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
     moe = experts_of(model)[0]
     x = torch.randn(4, model.args.hidden_size, generator=torch.Generator().manual_seed(3))
     ids, _ = moe.route(x)
     picked = moe._picked_experts(x, ids)
-    assert moe.stacked is None and StackedQuantizedExperts.fit(list(moe.experts))
-    stacked = StackedQuantizedExperts(list(moe.experts))
-    assert moe.experts[3].down.codes.data_ptr() == stacked.down_codes[3].data_ptr()
-    assert moe.experts[5].gated.scales.data_ptr() == stacked.gate_up_scales[5].data_ptr()
-    grouped = stacked(x, ids)
-    assert ((grouped - picked).norm() / picked.norm()).item() < 1e-5
+    kind = StackedDenseExperts if fmt == "bf16" else StackedQuantizedExperts
+    assert moe.stacked is None and kind.fit(list(moe.experts))  # on the CPU the picked experts run
+    stacked = kind(list(moe.experts))
+    if fmt == "bf16":
+        assert moe.experts[6].gate_up.weight.data_ptr() == stacked.gate_up[6].data_ptr()
+    else:
+        assert moe.experts[3].down.codes.data_ptr() == stacked.down_codes[3].data_ptr()
+        assert moe.experts[5].gated.scales.data_ptr() == stacked.gate_up_scales[5].data_ptr()
+    assert ((stacked(x, ids) - picked).norm() / picked.norm()).item() < 1e-5
     assert torch.equal(moe._picked_experts(x, ids), picked)  # the experts still compute from the views
 
 
@@ -185,35 +192,3 @@ def test_on_the_gpu_a_graphed_step_replays_the_eager_step(nvfp4_moe, fmt, monkey
     assert all(m.stacked is not None for m in experts_of(model))
     eager, graph = graphed_against_eager(model, monkeypatch)
     assert torch.isfinite(eager).all() and torch.equal(eager, graph)
-
-
-def test_stacked_float_experts_are_the_experts(tmp_path):
-    """The float model's grouped form (the baseline a quantized mixture is timed against on a GPU): views, and the
-    grouped op's definition gives the picked experts' values."""
-    from anyfp4.runtime.experts import StackedDenseExperts
-
-    model, _ = load_model(random_moe(tmp_path / "src", "mixtral"), "cpu", torch.float32, progress=False)
-    moe = experts_of(model)[1]
-    x = torch.randn(4, model.args.hidden_size, generator=torch.Generator().manual_seed(4))
-    ids, _ = moe.route(x)
-    picked = moe._picked_experts(x, ids)
-    assert moe.stacked is None and StackedDenseExperts.fit(list(moe.experts))
-    stacked = StackedDenseExperts(list(moe.experts))
-    assert moe.experts[6].gate_up.weight.data_ptr() == stacked.gate_up[6].data_ptr()
-    assert ((stacked(x, ids) - picked).norm() / picked.norm()).item() < 1e-5
-
-
-def test_stacked_fp8_experts_are_the_experts(tmp_path):
-    from anyfp4.runtime.experts import StackedQuantizedExperts
-
-    src = random_moe(tmp_path / "src", "qwen3_moe")
-    q = quantize_checkpoint(src, tmp_path / "fp8", QuantizeOptions(format=TargetFormat.FP8, progress=False)).dst
-    model, _ = load_model(q, "cpu", torch.float32, progress=False)
-    moe = experts_of(model)[0]
-    x = torch.randn(4, model.args.hidden_size, generator=torch.Generator().manual_seed(5))
-    ids, _ = moe.route(x)
-    picked = moe._picked_experts(x, ids)
-    assert moe.stacked is None and StackedQuantizedExperts.fit(list(moe.experts))
-    stacked = StackedQuantizedExperts(list(moe.experts))
-    assert moe.experts[2].gated.codes.data_ptr() == stacked.gate_up_codes[2].data_ptr()
-    assert ((stacked(x, ids) - picked).norm() / picked.norm()).item() < 1e-5

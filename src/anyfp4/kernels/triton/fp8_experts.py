@@ -2,8 +2,8 @@
 ``out[p] = x[p // pairs_per_row] @ W[ids[p]]^T`` (gated: ``silu(gate) * up``), the expert of each pair read on the
 GPU from ``ids`` — ``nvfp4_experts``' FP8 counterpart.
 
-Anatomy: ``@triton.jit`` kernel, launcher. The per-row arithmetic is ``fp8_gemv``'s (its tile dot product, the
-row scale after the whole K), so a pair's output has the bits that GEMV gives its row alone. Prepacks
+Anatomy: ``@triton.jit`` kernel, launcher. The per-row arithmetic is ``fp8_gemv``'s (``fp8_rows``: its tile dot
+products, the row scale after the whole K), so a pair's output has the bits that GEMV gives its row alone. Prepacks
 (``packing.fp8``) stacked: codes (E, N_pad, K_pad / 4) int32, scales (E, N_pad) float32.
 """
 
@@ -15,7 +15,7 @@ import triton.language as tl
 
 from ...env import triton_interpret
 from .common import round_to_output
-from .fp8_linear import fp8_row_tile
+from .fp8_linear import fp8_rows
 
 BLOCK_N, NUM_WARPS = 8, 2  # rows per program (gated: as many up rows too)
 
@@ -37,17 +37,7 @@ def fp8_experts_kernel(
     x_row = x_ptr + (pair // PAIRS_PER_ROW).to(tl.int64) * stride_x
     codes, scales = codes_ptr + expert * stride_ce, scales_ptr + expert * stride_se
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    j = tl.arange(0, BLOCK_K // 4)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for t in range(0, K_TILES):
-        acc += fp8_row_tile(x_row, codes, rows, t, j, K, stride_c, BLOCK_K)
-        if GATED:
-            acc_up += fp8_row_tile(x_row, codes, rows + UP_OFFSET, t, j, K, stride_c, BLOCK_K)
-    y = acc * (tl.load(scales + rows) * 256.0)
-    if GATED:
-        u = acc_up * (tl.load(scales + rows + UP_OFFSET) * 256.0)
-        y = y / (1.0 + tl.exp(-y)) * u
+    y = fp8_rows(x_row, codes, scales, rows, K, UP_OFFSET, K_TILES, stride_c, BLOCK_K, GATED)
     tl.store(out_ptr + pair.to(tl.int64) * stride_o + rows, round_to_output(y, out_ptr.dtype.element_ty, INTERPRET),
              mask=rows < N_OUT)
 

@@ -32,6 +32,25 @@ def fp8_row_tile(x_ptr, codes_ptr, rows, t, j, K, stride_c, BLOCK_K: tl.constexp
 
 
 @triton.jit
+def fp8_rows(x_ptr, codes_ptr, scales_ptr, rows, K, UP_OFFSET, K_TILES, stride_c, BLOCK_K: tl.constexpr,
+             GATED: tl.constexpr):
+    """(BLOCK_N,) float32 outputs of ``rows`` for one activation row, the whole K: the sums times the row scales,
+    gated: silu(gate) * up."""
+    j = tl.arange(0, BLOCK_K // 4)
+    acc = tl.zeros(rows.shape, dtype=tl.float32)
+    acc_up = tl.zeros(rows.shape, dtype=tl.float32)
+    for t in range(0, K_TILES):
+        acc += fp8_row_tile(x_ptr, codes_ptr, rows, t, j, K, stride_c, BLOCK_K)
+        if GATED:
+            acc_up += fp8_row_tile(x_ptr, codes_ptr, rows + UP_OFFSET, t, j, K, stride_c, BLOCK_K)
+    y = acc * (tl.load(scales_ptr + rows) * 256.0)
+    if GATED:
+        u = acc_up * (tl.load(scales_ptr + rows + UP_OFFSET) * 256.0)
+        y = y / (1.0 + tl.exp(-y)) * u
+    return y
+
+
+@triton.jit
 def fp8_gemv_kernel(
     x_ptr, codes_ptr, scales_ptr, bias_ptr, out_ptr,
     K, N_OUT, UP_OFFSET, K_TILES,
@@ -41,18 +60,8 @@ def fp8_gemv_kernel(
 ):
     """x: (K,) fp16/bf16; codes/scales: FP8 prepack; out: (1, N_OUT). One program: BLOCK_N rows, all K."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    j = tl.arange(0, BLOCK_K // 4)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for t in range(0, K_TILES):
-        acc += fp8_row_tile(x_ptr, codes_ptr, rows, t, j, K, stride_c, BLOCK_K)
-        if GATED:
-            acc_up += fp8_row_tile(x_ptr, codes_ptr, rows + UP_OFFSET, t, j, K, stride_c, BLOCK_K)
-    y = acc * (tl.load(scales_ptr + rows) * 256.0)
-    if GATED:
-        u = acc_up * (tl.load(scales_ptr + rows + UP_OFFSET) * 256.0)
-        y = y / (1.0 + tl.exp(-y)) * u
-    elif HAS_BIAS:
+    y = fp8_rows(x_ptr, codes_ptr, scales_ptr, rows, K, UP_OFFSET, K_TILES, stride_c, BLOCK_K, GATED)
+    if not GATED and HAS_BIAS:
         y = y + tl.load(bias_ptr + rows, mask=rows < N_OUT, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, round_to_output(y, out_ptr.dtype.element_ty, INTERPRET), mask=rows < N_OUT)
 
