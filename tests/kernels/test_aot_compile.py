@@ -209,21 +209,21 @@ def gdn_kernels_compile(act, cc):
                "q_scale": "fp32"}
         compile_for(delta_rule_kernel, sig, {"K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BV": 32,
                                              "HAS_VALID": snap, "SNAP": snap, "INTERPRET": False, "EARLY": early}, cc)
-    for chunk in (32, 64):  # the chunked prefill kernels (chunks of 32 tokens where shared memory is short)
-        for valid in (False, True):
-            sig = {**{n: f"*{act}" for n in ("mixed_ptr", "a_ptr", "b_ptr")}, "neg_a_ptr": "*fp32",
-                   "dt_bias_ptr": "*fp32", **{n: "*fp32" for n in ("valid_ptr", "w_ptr", "u_ptr", "p_ptr", "gamma_ptr")},
-                   **{n: "i32" for n in ("T", "v_heads", "stride_mb", "stride_mt", "stride_ab", "stride_at",
-                                         "stride_bb", "stride_bt", "stride_vb")}, "q_scale": "fp32"}
-            fits_shared_memory(compile_for(chunk_prep_kernel, sig, {
-                "K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BDV": 128, "C": chunk, "HAS_VALID": valid,
-                "EARLY": early}, cc, num_warps=PREP_WARPS, num_stages=1), cc, chunk)
-        sig = {"mixed_ptr": f"*{act}", **{n: "*fp32" for n in ("w_ptr", "u_ptr", "p_ptr", "gamma_ptr", "state_ptr")},
-               "out_ptr": f"*{act}", **{n: "i32" for n in ("T", "CHUNKS", "v_heads", "stride_mb", "stride_mt",
-                                                           "stride_ob", "stride_ot")}, "q_scale": "fp32"}
-        fits_shared_memory(compile_for(chunk_pass_kernel, sig, {
-            "K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BDV": 128, "BV": 32, "C": chunk, "INTERPRET": False,
-            "EARLY": early}, cc, num_warps=PASS_WARPS, num_stages=1), cc, chunk)
+    chunk = chunk_tokens(SHARED_MEMORY_LIMIT[cc])  # the chunked prefill kernels at the chunk this GPU gets
+    for valid in (False, True):
+        sig = {**{n: f"*{act}" for n in ("mixed_ptr", "a_ptr", "b_ptr")}, "neg_a_ptr": "*fp32", "dt_bias_ptr": "*fp32",
+               **{n: "*fp32" for n in ("valid_ptr", "w_ptr", "u_ptr", "p_ptr", "gamma_ptr")},
+               **{n: "i32" for n in ("T", "v_heads", "stride_mb", "stride_mt", "stride_ab", "stride_at", "stride_bb",
+                                     "stride_bt", "stride_vb")}, "q_scale": "fp32"}
+        fits_shared_memory(compile_for(chunk_prep_kernel, sig, {
+            "K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BDV": 128, "C": chunk, "HAS_VALID": valid,
+            "EARLY": early}, cc, num_warps=PREP_WARPS, num_stages=1), cc)
+    sig = {"mixed_ptr": f"*{act}", **{n: "*fp32" for n in ("w_ptr", "u_ptr", "p_ptr", "gamma_ptr", "state_ptr")},
+           "out_ptr": f"*{act}", **{n: "i32" for n in ("T", "CHUNKS", "v_heads", "stride_mb", "stride_mt", "stride_ob",
+                                                       "stride_ot")}, "q_scale": "fp32"}
+    fits_shared_memory(compile_for(chunk_pass_kernel, sig, {
+        "K_HEADS": 16, "DK": 128, "DV": 128, "BK": 128, "BDV": 128, "BV": 32, "C": chunk, "INTERPRET": False,
+        "EARLY": early}, cc, num_warps=PASS_WARPS, num_stages=1), cc)
     for norm_w in (act, "fp32"):
         compile_for(gated_norm_kernel, {"x_ptr": f"*{act}", "z_ptr": f"*{act}", "w_ptr": f"*{norm_w}",
                                         "out_ptr": f"*{act}", **{n: "i32" for n in ("heads", "stride_xr", "stride_zr",
@@ -235,10 +235,9 @@ def gdn_kernels_compile(act, cc):
 SHARED_MEMORY_LIMIT = {70: 96 << 10, 75: 64 << 10, 80: 163 << 10, 86: 99 << 10, 89: 99 << 10, 90: 227 << 10}
 
 
-def fits_shared_memory(kernel, cc, chunk):
-    """A chunked kernel compiled for chunks of ``chunk`` tokens fits the shared memory of sm_``cc`` if the
-    launcher picks that chunk there."""
-    if chunk == chunk_tokens(SHARED_MEMORY_LIMIT[cc]) and kernel.metadata.shared > SHARED_MEMORY_LIMIT[cc]:
+def fits_shared_memory(kernel, cc):
+    """A chunked prefill kernel, compiled at the chunk the launcher picks on sm_``cc``, fits its shared memory."""
+    if kernel.metadata.shared > SHARED_MEMORY_LIMIT[cc]:
         raise SystemExit(f"{kernel.name} asks for {kernel.metadata.shared} bytes of shared memory on sm_{cc}, "
                          f"more than {SHARED_MEMORY_LIMIT[cc]}")
 
