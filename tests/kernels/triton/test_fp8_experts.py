@@ -21,8 +21,7 @@ def stacked(experts, n, k, gated, device, gen):
     return packs, torch.stack([p.codes for p in packs]), torch.stack([p.scales for p in packs])
 
 
-@pytest.mark.parametrize("gated, n, k", [(True, 24, 528), (False, 40, 64)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gated, n, k, dtype", [(True, 24, 528, torch.bfloat16), (False, 40, 64, torch.float16)])
 def test_pairs_get_the_gemv_bits_of_their_expert(device, gated, n, k, dtype):
     gen = torch.Generator().manual_seed(n + k)
     packs, codes, scales = stacked(4, n, k, gated, device, gen)

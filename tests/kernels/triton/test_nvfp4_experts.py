@@ -26,8 +26,8 @@ def stacked(experts: int, n: int, k: int, gated: bool, device, gen):
             torch.cat([p.global_scale for p in packs]))
 
 
-@pytest.mark.parametrize("gated, n, k", [(True, 40, 272), (False, 72, 48)])  # odd N, K not a multiple of 256
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gated, n, k, dtype", [(True, 40, 272, torch.bfloat16),  # odd N, K not a multiple of 256
+                                                 (False, 72, 48, torch.float16)])
 def test_pairs_get_the_gemv_bits_of_their_expert(device, gated, n, k, dtype):
     gen = torch.Generator().manual_seed(n + k)
     packs, codes, scales, global_scales = stacked(5, n, k, gated, device, gen)
