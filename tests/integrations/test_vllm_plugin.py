@@ -42,16 +42,6 @@ def test_register_is_idempotent_and_claims_only_when_asked(tmp_path, monkeypatch
         plugin.AnyFP4Config.override_quantization_method({"quant_method": "gptq"}, "anyfp4")
 
 
-def test_moe_layers_are_refused_by_name():
-    cfg = plugin.AnyFP4Config.from_config({"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": []})
-
-    class RoutedExperts(torch.nn.Module):  # stands for vLLM's expert layer class
-        pass
-
-    with pytest.raises(ValueError, match="model.layers.3.mlp.experts is a mixture-of-experts layer"):
-        cfg.get_quant_method(RoutedExperts(), "model.layers.3.mlp.experts")
-
-
 def test_fused_parts_must_agree():
     from anyfp4.checkpoint.quant_config import WeightFormat
 

@@ -10,7 +10,7 @@ import torch
 from anyfp4.checkpoint.errors import CheckpointError
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
 from anyfp4.runtime.config import UnsupportedModelError
-from anyfp4.runtime.experts import MixtureOfExperts
+from anyfp4.runtime.experts import MixtureOfExperts, picked_experts
 from anyfp4.runtime.generate import SamplingParams, generate
 from anyfp4.runtime.loader import load_model
 from anyfp4.runtime.plan import plan_checkpoint
@@ -165,7 +165,7 @@ def test_stacked_experts_are_the_experts(tmp_path, fmt):
     moe = experts_of(model)[0]
     x = torch.randn(4, model.args.hidden_size, generator=torch.Generator().manual_seed(3))
     ids, _ = moe.route(x)
-    picked = moe._picked_experts(x, ids)
+    picked = picked_experts(moe.experts, x, ids)
     kind = StackedDenseExperts if fmt == "bf16" else StackedQuantizedExperts
     assert moe.stacked is None and kind.fit(list(moe.experts))  # on the CPU the picked experts run
     stacked = kind(list(moe.experts))
@@ -175,7 +175,7 @@ def test_stacked_experts_are_the_experts(tmp_path, fmt):
         assert moe.experts[3].down.codes.data_ptr() == stacked.down_codes[3].data_ptr()
         assert moe.experts[5].gated.scales.data_ptr() == stacked.gate_up_scales[5].data_ptr()
     assert ((stacked(x, ids) - picked).norm() / picked.norm()).item() < 1e-5
-    assert torch.equal(moe._picked_experts(x, ids), picked)  # the experts still compute from the views
+    assert torch.equal(picked_experts(moe.experts, x, ids), picked)  # the experts still compute from the views
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

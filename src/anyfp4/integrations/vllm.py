@@ -15,7 +15,7 @@ which must stay on 16-element group boundaries). After loading, every layer is p
 merged layer (q/k/v, gate/up) whose parts carry different NVFP4 global scales keeps one prepack per
 run of equal scales and concatenates their outputs, so no scale is approximated. ``apply`` calls
 ``torch.ops.anyfp4.*``, whose own M dispatch keeps decode and prefill paths under vLLM's compile and
-CUDA graphs.
+CUDA graphs. Expert layers of mixtures of experts get ``vllm_experts.AnyFP4ExpertsMethod``.
 """
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ from vllm.model_executor.parameter import (
 from .. import ops as _ops  # noqa: F401  (registers torch.ops.anyfp4.*, which apply() calls)
 from ..checkpoint.errors import CheckpointError
 from ..checkpoint.quant_config import QuantScheme, TensorNaming, WeightFormat, scheme_from_config
+from ..runtime.config import MOE_LAYOUTS
 
 NAME = "anyfp4"
 # apply() calls per format in this process (tests read it to prove the plugin's path really ran)
-APPLY_CALLS = {"nvfp4": 0, "fp8": 0}
+APPLY_CALLS = {"nvfp4": 0, "fp8": 0}  # expert layers count theirs in vllm_experts.APPLY_CALLS
 # vLLM fuses these projections; the checkpoint (and its exclusion / mixed-precision lists) names the parts
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -130,10 +131,24 @@ class AnyFP4Config(QuantizationConfig):
                              f"({', '.join(sorted(f.value for f in formats))}); vLLM runs them as one layer")
         return formats.pop()
 
+    def experts_format(self, prefix: str, experts: int) -> WeightFormat:
+        """The weight format of vLLM's expert layer ``prefix``: every expert's gate, up and down (named as in any
+        layout the runner knows) must agree."""
+        formats = {self.scheme.format_of(f"{prefix}.{e}.{part}") for e in range(experts)
+                   for _, parts in MOE_LAYOUTS.values() for part in parts}
+        if len(formats) > 1:
+            raise ValueError(f"anyfp4: the experts of {prefix} have different formats "
+                             f"({', '.join(sorted(f.value for f in formats))}); vLLM runs them as one layer")
+        return formats.pop()
+
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         if _is_moe(layer):
-            raise ValueError(f"anyfp4: {prefix} is a mixture-of-experts layer; the anyfp4 vLLM plugin runs dense "
-                             "linear layers only")
+            from .vllm_experts import AnyFP4ExpertsMethod
+
+            fmt = self.experts_format(prefix, layer.moe_config.num_experts)
+            if fmt is WeightFormat.NONE:
+                return None  # vLLM's own method for float experts
+            return AnyFP4ExpertsMethod(self, fmt, prefix, layer.moe_config)
         if isinstance(layer, LinearBase):
             fmt = self.format_of(prefix)
             if fmt is WeightFormat.NONE:

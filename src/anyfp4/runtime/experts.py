@@ -142,30 +142,39 @@ class MixtureOfExperts(nn.Module):
         lead, hidden = x.shape[:-1], x.shape[-1]
         flat = x.reshape(-1, hidden)
         ids, weights = self.route(flat)
-        if self.stacked is not None and flat.is_cuda and flat.shape[0] <= DECODE_ROWS:
-            picked = self.stacked(flat, ids)
-        elif torch.compiler.is_compiling() or (flat.is_cuda and torch.cuda.is_current_stream_capturing()):
-            picked = self._every_expert(flat, ids)
-        else:
-            picked = self._picked_experts(flat, ids)
-        out = picked[:, 0].float() * weights[:, :1]
-        for j in range(1, self.shape.top_k):
-            out = out + picked[:, j].float() * weights[:, j:j + 1]
-        return out.reshape(*lead, hidden)
+        return weighted_experts(self.experts, self.stacked, flat, ids, weights).reshape(*lead, hidden)
 
-    def _picked_experts(self, flat: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """(n, k, hidden): row r's slot j holds expert ids[r, j]'s output for row r; each picked expert runs once,
-        over its rows."""
-        picked = flat.new_empty(flat.shape[0], self.shape.top_k, flat.shape[1])
-        for e in torch.unique(ids).tolist():
-            rows, slots = (ids == e).nonzero(as_tuple=True)
-            picked[rows, slots] = self.experts[e](flat[rows])
-        return picked
 
-    def _every_expert(self, flat: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """As ``_picked_experts`` with no host value: every expert over every row, each slot taking its expert's."""
-        picked = flat.new_zeros(flat.shape[0], self.shape.top_k, flat.shape[1])
-        for e, expert in enumerate(self.experts):
-            y = expert(flat)
-            picked = torch.where((ids == e)[..., None], y[:, None, :], picked)
-        return picked
+def weighted_experts(experts: nn.ModuleList, stacked: nn.Module | None, flat: torch.Tensor, ids: torch.Tensor,
+                     weights: torch.Tensor) -> torch.Tensor:
+    """flat (n, hidden), each row's expert ids (n, k) and weights (n, k) -> the weighted sums (n, hidden) float32,
+    the k terms added in slot order. ``stacked``: the experts' grouped form (``stacked_experts``) or None."""
+    if stacked is not None and flat.is_cuda and flat.shape[0] <= DECODE_ROWS:
+        picked = stacked(flat, ids)
+    elif torch.compiler.is_compiling() or (flat.is_cuda and torch.cuda.is_current_stream_capturing()):
+        picked = every_expert(experts, flat, ids)
+    else:
+        picked = picked_experts(experts, flat, ids)
+    out = picked[:, 0].float() * weights[:, :1].float()
+    for j in range(1, ids.shape[1]):
+        out = out + picked[:, j].float() * weights[:, j:j + 1].float()
+    return out
+
+
+def picked_experts(experts: nn.ModuleList, flat: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """(n, k, hidden): row r's slot j holds expert ids[r, j]'s output for row r; each picked expert runs once, over
+    its rows."""
+    picked = flat.new_empty(flat.shape[0], ids.shape[1], flat.shape[1])
+    for e in torch.unique(ids).tolist():
+        rows, slots = (ids == e).nonzero(as_tuple=True)
+        picked[rows, slots] = experts[e](flat[rows])
+    return picked
+
+
+def every_expert(experts: nn.ModuleList, flat: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """As ``picked_experts`` with no host value: every expert over every row, each slot taking its expert's."""
+    picked = flat.new_zeros(flat.shape[0], ids.shape[1], flat.shape[1])
+    for e, expert in enumerate(experts):
+        y = expert(flat)
+        picked = torch.where((ids == e)[..., None], y[:, None, :], picked)
+    return picked
