@@ -291,7 +291,8 @@ def _failed_path(error: OSError, target: Path, shown: Path) -> Path:
 
 def _write(src: Path, index: TensorIndex, plan: dict, groups: dict, work: Path, options: QuantizeOptions):
     shards = _ShardWriter(work, options.max_shard_bytes)
-    global_scales: dict[str, torch.Tensor] = {}
+    global_scales: dict[str, torch.Tensor] = {}  # NVFP4 global scales shared by fused siblings
+    fp8_scales: dict[str, torch.Tensor] = {}  # FP8 scales shared by an expert's gate and up
     names = index.names()
     with tqdm(total=sum(index[n].nbytes for n in names), unit="B", unit_scale=True, desc="quantizing",
               disable=not options.progress) as bar:
@@ -310,11 +311,12 @@ def _write(src: Path, index: TensorIndex, plan: dict, groups: dict, work: Path, 
                 shards.add(f"{module}.weight_scale_2", q.global_scale.clone())  # shared within a group
             elif fmt is WeightFormat.FP8:
                 members = groups.get(module, (module,))
-                shared = None if len(members) == 1 else fp8_weight_scale(
-                    torch.cat([_load_linear(index, f"{m}.weight") for m in members]))
-                q = quantize_fp8(weight, shared)
+                if len(members) > 1 and module not in fp8_scales:  # read the group once, for its first member
+                    scale = fp8_weight_scale(torch.cat([_load_linear(index, f"{m}.weight") for m in members]))
+                    fp8_scales.update({m: scale for m in members})
+                q = quantize_fp8(weight, fp8_scales.get(module))
                 shards.add(f"{module}.weight", q.weight)
-                shards.add(f"{module}.weight_scale", q.scale)
+                shards.add(f"{module}.weight_scale", q.scale.clone())  # may be shared within a group
             else:
                 shards.add(name, weight)
             bar.update(index[name].nbytes)
