@@ -88,12 +88,12 @@ def hybrids(tmp_path_factory):
                                  max_position_embeddings=256)
     src = save_random_qwen3_5(root / "src", config)
     out = {fmt: quantize_checkpoint(src, root / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
-           for fmt in ("mixed", "nvfp4")}
+           for fmt in ("mixed", "nvfp4", "fp8")}
     out["bf16"] = src
     return out
 
 
-@pytest.mark.parametrize("fmt", ["mixed", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["mixed", "nvfp4", "fp8"])
 def test_vllm_serves_a_qwen3_5_hybrid_as_the_runner_does(hybrids, fmt):
     """vLLM's own Qwen3.5 (its CPU Gated DeltaNet kernels, bf16) with the plugin's linears — the fused in_proj_qkvz of
     the checkpoint's in_proj_qkv / in_proj_z, in_proj_ba left in bf16 — gives the greedy tokens of anyfp4's runner."""
@@ -112,7 +112,7 @@ def test_vllm_serves_a_qwen3_5_hybrid_as_the_runner_does(hybrids, fmt):
     del llm
     assert tokens == anyfp4_greedy(hybrids[fmt], prompt, 12, torch.bfloat16)
     ran = {k: plugin.APPLY_CALLS[k] - before[k] for k in before}
-    assert ran["nvfp4"] > 0 and (ran["fp8"] > 0) == (fmt == "mixed"), ran
+    assert (ran["nvfp4"] > 0) == (fmt != "fp8") and (ran["fp8"] > 0) == (fmt != "nvfp4"), ran
 
 
 @pytest.fixture(scope="module")
