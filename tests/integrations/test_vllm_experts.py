@@ -14,7 +14,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
-from helpers import MOE_CLASSES, tiny_moe_config, to_compressed_tensors, write_tokenizer  # noqa: E402
+from helpers import save_random_moe, to_compressed_tensors  # noqa: E402
 
 from anyfp4.checkpoint.quant_config import WeightFormat  # noqa: E402
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint  # noqa: E402
@@ -24,22 +24,12 @@ from anyfp4.integrations import vllm_experts  # noqa: E402
 PROMPT = [5, 17, 42, 7, 99, 3, 64, 12]
 
 
-def random_moe(path: Path, arch: str) -> Path:
-    import transformers as tf
-
-    torch.manual_seed(0)
-    model = getattr(tf, MOE_CLASSES[arch])(tiny_moe_config(arch))
-    model.to(torch.bfloat16).save_pretrained(str(path))
-    write_tokenizer(path, vocab_size=512)
-    return path
-
-
 @pytest.fixture(scope="module")
 def moe_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm_moe")
     out = {}
     for arch in ("qwen3_moe", "mixtral"):
-        src = random_moe(root / arch, arch)
+        src = save_random_moe(root / arch, arch)
         for fmt in ("nvfp4", "fp8", "mixed"):
             out[arch, fmt] = quantize_checkpoint(src, root / f"{arch}-{fmt}", QuantizeOptions(
                 format=TargetFormat(fmt), progress=False)).dst

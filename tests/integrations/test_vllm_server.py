@@ -1,8 +1,8 @@
 """vLLM's OpenAI-compatible server with anyfp4 checkpoints, as a user starts it on vLLM's CPU build
 (``python -m vllm.entrypoints.openai.api_server --model CKPT --quantization anyfp4``, the engine in its own
-process): NVFP4, FP8 and mixed ModelOpt exports and a compressed-tensors NVFP4 one. Through the ``openai``
-client: completions and chat completions (the checkpoint's chat template), streaming and not, eight requests
-at once; the greedy texts are anyfp4's own runner's and the same sent alone or together; SIGTERM stops the
+process): NVFP4, FP8 and mixed ModelOpt exports, a compressed-tensors NVFP4 one and a Qwen3-MoE NVFP4 one. Through
+the ``openai`` client: completions and chat completions (the checkpoint's chat template), streaming and not, eight
+requests at once; the greedy texts are anyfp4's own runner's and the same sent alone or together; SIGTERM stops the
 server cleanly. Run by `.ci/vllm`; skipped where vLLM or the client is not installed."""
 
 import os
@@ -19,7 +19,13 @@ pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
-from helpers import TINY_LLAMA, free_port, to_compressed_tensors, write_runnable_checkpoint  # noqa: E402
+from helpers import (  # noqa: E402
+    TINY_LLAMA,
+    free_port,
+    save_random_moe,
+    to_compressed_tensors,
+    write_runnable_checkpoint,
+)
 
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint  # noqa: E402
 from anyfp4.runtime.generate import SamplingParams  # noqa: E402
@@ -41,6 +47,9 @@ def checkpoints(tmp_path_factory):
                                                                           progress=False)).dst)
            for fmt in ("nvfp4", "fp8", "mixed")}
     out["ct-nvfp4"] = to_compressed_tensors(out["nvfp4"], root / "ct-nvfp4")
+    moe = save_random_moe(root / "moe-src", "qwen3_moe", stop_tokens=False)
+    out["moe-nvfp4"] = Path(quantize_checkpoint(moe, root / "moe-nvfp4", QuantizeOptions(
+        format=TargetFormat.NVFP4, progress=False)).dst)
     return out
 
 
@@ -112,7 +121,7 @@ class Server:
             raise
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed", "ct-nvfp4"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "mixed", "ct-nvfp4", "moe-nvfp4"])
 def test_openai_server_serves_the_runners_texts_alone_and_together(checkpoints, fmt, tmp_path):
     want = runner_texts(checkpoints[fmt])
     server = Server(checkpoints[fmt], tmp_path / "server.log")

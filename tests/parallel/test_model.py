@@ -112,14 +112,10 @@ def test_a_hybrid_split_its_heads_do_not_divide_is_refused():
 def test_a_mixture_of_experts_over_two_ranks_equals_one_process(tmp_path, arch, fmt):
     """Every expert's gate / up split by rows and down by columns, the router replicated: a left-padded batch
     decodes as in one process."""
-    import transformers as tf
+    from helpers import save_random_moe
 
-    from helpers import MOE_CLASSES, tiny_moe_config
-
-    torch.manual_seed(0)
-    getattr(tf, MOE_CLASSES[arch])(tiny_moe_config(arch)).to(torch.bfloat16).save_pretrained(str(tmp_path / "src"))
-    ckpt = quantize_checkpoint(tmp_path / "src", tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt),
-                                                                                  progress=False)).dst
+    src = save_random_moe(tmp_path / "src", arch)
+    ckpt = quantize_checkpoint(src, tmp_path / fmt, QuantizeOptions(format=TargetFormat(fmt), progress=False)).dst
     prompts = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]]
     params = SamplingParams(max_new_tokens=12)
     model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)

@@ -14,23 +14,13 @@ from anyfp4.runtime.experts import MixtureOfExperts, picked_experts
 from anyfp4.runtime.generate import SamplingParams, generate
 from anyfp4.runtime.loader import load_model
 from anyfp4.runtime.plan import plan_checkpoint
-from helpers import MOE_CLASSES, edit_json, tiny_moe_config, write_tokenizer
-
-
-def random_moe(path, arch, seed=0):
-    import transformers as tf
-
-    torch.manual_seed(seed)
-    model = getattr(tf, MOE_CLASSES[arch])(tiny_moe_config(arch))
-    model.to(torch.bfloat16).save_pretrained(str(path))
-    write_tokenizer(path, vocab_size=512)
-    return path
+from helpers import MOE_CLASSES, edit_json, save_random_moe
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "mixtral"])
 def nvfp4_moe(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
-    src = random_moe(root / "src", request.param)
+    src = save_random_moe(root / "src", request.param)
     return quantize_checkpoint(src, root / "q", QuantizeOptions(format=TargetFormat.NVFP4, progress=False)).dst
 
 
@@ -77,7 +67,7 @@ def test_decode_steps_follow_the_prefill(nvfp4_moe):
 
 @pytest.mark.parametrize("arch", list(MOE_CLASSES))
 def test_config_and_experts_must_agree(tmp_path, arch):
-    src = random_moe(tmp_path / "src", arch)
+    src = save_random_moe(tmp_path / "src", arch)
     key = "num_local_experts"  # transformers writes Qwen3-MoE's num_experts under this name too
     block = "block_sparse_moe" if arch == "mixtral" else "mlp"
     original = json.loads((src / "config.json").read_text())
@@ -99,7 +89,7 @@ def test_experts_stored_beyond_the_config_are_refused(tmp_path):
     """A checkpoint with an expert more than its router scores: config and weights describe different models."""
     from helpers import rewrite_tensors
 
-    src = random_moe(tmp_path / "src", "mixtral")
+    src = save_random_moe(tmp_path / "src", "mixtral")
     extra = "model.layers.2.block_sparse_moe.experts.8.w1.weight"
     rewrite_tensors(src, lambda t: t.update({extra: t["model.layers.2.block_sparse_moe.experts.7.w1.weight"].clone()}))
     with pytest.raises(CheckpointError, match=f"would not read, e.g. \\['{extra}'\\]"):
@@ -107,7 +97,7 @@ def test_experts_stored_beyond_the_config_are_refused(tmp_path):
 
 
 def test_a_quantized_router_is_refused_by_name(tmp_path):
-    src = random_moe(tmp_path / "src", "qwen3_moe")
+    src = save_random_moe(tmp_path / "src", "qwen3_moe")
     q = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(format=TargetFormat.NVFP4, progress=False,
                                                                   exclude=("lm_head", "*embed_tokens"))).dst
     with pytest.raises(CheckpointError, match="router model.layers.0.mlp.gate is stored nvfp4") as e:
@@ -116,7 +106,7 @@ def test_a_quantized_router_is_refused_by_name(tmp_path):
 
 
 def test_other_mixtures_of_experts_are_refused(tmp_path):
-    src = random_moe(tmp_path / "src", "qwen3_moe")
+    src = save_random_moe(tmp_path / "src", "qwen3_moe")
     edit_json(src / "config.json", lambda d: d.update(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"]))
     with pytest.raises(UnsupportedModelError, match="model_type 'qwen2_moe'"):
         plan_checkpoint(src)
@@ -158,7 +148,7 @@ def test_stacked_experts_are_the_experts(tmp_path, fmt):
     the grouped ops' outputs (their pure-torch definitions here) are the picked experts' values."""
     from anyfp4.runtime.experts import StackedDenseExperts, StackedQuantizedExperts
 
-    src = random_moe(tmp_path / "src", "qwen3_moe" if fmt != "bf16" else "mixtral")
+    src = save_random_moe(tmp_path / "src", "qwen3_moe" if fmt != "bf16" else "mixtral")
     ckpt = src if fmt == "bf16" else quantize_checkpoint(src, tmp_path / fmt, QuantizeOptions(
         format=TargetFormat(fmt), progress=False)).dst
     model, _ = load_model(ckpt, "cpu", torch.float32, progress=False)

@@ -401,6 +401,19 @@ def tiny_moe_config(arch: str, width: int = 128, **overrides):
 MOE_CLASSES = {"qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
 
 
+def save_random_moe(path: Path, arch: str, seed: int = 0, stop_tokens: bool = True) -> Path:
+    """A ``tiny_moe_config(arch)`` model with transformers' seeded random init, saved in bf16 at ``path`` with the
+    character tokenizer (512 ids); ``stop_tokens=False``: no end-of-sequence token, generation runs to its limit."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    getattr(tf, MOE_CLASSES[arch])(tiny_moe_config(arch)).to(torch.bfloat16).save_pretrained(str(path))
+    write_tokenizer(path, vocab_size=512, eos=stop_tokens)
+    if not stop_tokens:
+        (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 1}))
+    return path
+
+
 def copy_expert_weights(state_dict: dict, name: str, weight: torch.Tensor) -> bool:
     """Put a checkpoint's per-expert linear ``name`` (``...experts.E.{gate_proj,up_proj,down_proj}`` or Mixtral's
     ``block_sparse_moe.experts.E.{w1,w3,w2}``) into transformers' fused expert tensors (``mlp.experts.gate_up_proj``
