@@ -79,6 +79,27 @@ def test_a_padded_row_is_computed_as_alone(model):
         assert torch.equal(batch[i], padded_steps(model, [p], 6)[0]), len(p)
 
 
+@pytest.mark.skipif(__import__("anyfp4.kernels.cpu.linear", fromlist=["library"]).library() is None,
+                    reason="no C compiler builds the CPU kernels (torch's GEMM then sums a row by the row count)")
+def test_a_padded_row_of_a_hybrid_is_computed_as_alone(tmp_path):
+    """A Qwen3.5 hybrid (mixed: NVFP4 MLPs, FP8 attention and Gated DeltaNet projections, float a / b projections),
+    prompts of 70, 40, 9 and 3 tokens left-padded in one batch: each row's logits and final hidden state after the
+    prompt and at each step equal the prompt's alone, bit for bit — the delta rule of a padded row runs from its own
+    first token (token by token or in chunks, by its own length), the a / b projections take the C kernels' rows in
+    the prompt too."""
+    from helpers import save_random_qwen3_5, tiny_qwen3_5_config
+
+    src = save_random_qwen3_5(tmp_path / "src", tiny_qwen3_5_config(128, max_position_embeddings=256))
+    ckpt = quantize_checkpoint(src, tmp_path / "q", QuantizeOptions(format=TargetFormat.MIXED, progress=False)).dst
+    hybrid, _ = load_model(ckpt, "cpu", torch.float32, progress=False)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (70, 40, 9, 3)]
+    batch = padded_steps(hybrid, prompts, 4)
+    assert torch.isfinite(batch).all()
+    for i, p in enumerate(prompts):
+        assert torch.equal(batch[i], padded_steps(hybrid, [p], 4)[0]), len(p)
+
+
 def test_stop_tokens_end_generation(model):
     first = generate(model, [[5, 6, 7, 8]], SamplingParams(max_new_tokens=8))[0]
     stop = first[3]

@@ -103,9 +103,10 @@ class DenseLinear(nn.Module):
     its kernel, and so each row's summation order, by shape: one shape for every small step makes a row's output
     independent of how many rows share the step (a one-token decode step and a speculative verify pass give the
     same bits). At <= 32 rows the GEMM reads the weight once either way, so the padding costs ~1-3% of the layer
-    (H200, benchmarks/NOTES.md). On the CPU such calls run the C kernels' dense rows (``kernels.cpu``: one fixed
-    order of sums per row; torch's float32 GEMM sums a row in another order for another row count), where they
-    are built; larger calls stay torch's."""
+    (H200, benchmarks/NOTES.md). On the CPU such calls, and every call of a layer of at most
+    ``SMALL_DENSE_OUTPUTS`` outputs (a Gated DeltaNet's a / b projections, in prompts too), run the C kernels'
+    dense rows (``kernels.cpu``: one fixed order of sums per row; torch's float32 GEMM sums a row in another order
+    for another row count), where they are built; larger calls stay torch's."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, device, dtype):
         super().__init__()
@@ -121,7 +122,8 @@ class DenseLinear(nn.Module):
         if x.is_cuda and 0 < rows <= DECODE_ROWS:
             padded = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, DECODE_ROWS - rows))
             return F.linear(padded, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)
-        if x.device.type == "cpu" and 0 < rows <= DECODE_ROWS and not torch.compiler.is_compiling():
+        small = rows <= DECODE_ROWS or self.weight.shape[0] <= SMALL_DENSE_OUTPUTS
+        if x.device.type == "cpu" and 0 < rows and small and not torch.compiler.is_compiling():
             y = self._cpu_rows(x.reshape(rows, x.shape[-1]))
             if y is not None:
                 return y.reshape(*x.shape[:-1], -1)

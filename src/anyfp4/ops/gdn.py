@@ -7,7 +7,8 @@ as ``ANYFP4_GDN_PREFILL`` says (``env.gdn_prefill_mode``): the step kernels (``r
 and the chunked kernels of ``kernels.gdn.chunked`` (``chunked``), or the pure-torch definitions of
 ``kernels.gdn.reference`` (``torch``). On the CPU the definitions: one token at a time up to DECODE_ROWS tokens
 (each as a decode step computes it), beyond that the convolution at once and the delta rule in chunks of
-PREFILL_CHUNK."""
+PREFILL_CHUNK; each row of a left-padded prompt runs the delta rule as it runs alone (from its first token, token by
+token or in chunks by its own length), so its bits do not depend on the batch."""
 
 from __future__ import annotations
 
@@ -103,8 +104,6 @@ def gated_delta_step(mixed: Tensor, a: Tensor, b: Tensor, z: Tensor, neg_a: Tens
     (b, t, hv), z (b, t, hv dv), ``neg_a`` = -exp(A_log) and ``dt_bias`` (hv,) float32, ``norm_weight`` (dv,),
     ``state`` (b, hv, dk, dv) float32 advanced in place, ``valid`` (b, t) 0 on left padding, ``snapshots``
     (b, >= t, hv, dk, dv) the state after each token -> (b, t, hv dv)."""
-    from ..kernels.gdn.reference import gated_delta_step as run
-
     bsz, t = mixed.shape[:2]
     hv, dk, dv = state.shape[1:]
     want = {"mixed": (mixed, (bsz, t, 2 * k_heads * dk + hv * dv)), "a": (a, (bsz, t, hv)), "b": (b, (bsz, t, hv)),
@@ -130,6 +129,41 @@ def gated_delta_step(mixed: Tensor, a: Tensor, b: Tensor, z: Tensor, neg_a: Tens
         from ..kernels.gdn.chunked import chunked_delta_rule
 
         return chunked_delta_rule(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid)
+    args = (mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid, snapshots)
+    starts = _padded_starts(valid) if t > DECODE_ROWS and bsz > 1 and snapshots is None else None
+    if starts is None:
+        return _torch_delta_rule(*args)
+    # a left-padded prompt: each row as it runs alone (token by token or in chunks from its first token), since the
+    # chunks of the whole batch would start at the batch's first slot; its padding's outputs are zeros
+    out = z.new_zeros(bsz, t, z.shape[-1])
+    for r, first in enumerate(starts):
+        if first == t:
+            continue  # all padding
+        row, tail = slice(r, r + 1), slice(first, t)
+        out[row, tail] = _torch_delta_rule(mixed[row, tail], a[row, tail], b[row, tail], z[row, tail], neg_a, dt_bias,
+                                           norm_weight, state[row], eps, k_heads, valid[row, tail], None)
+    return out
+
+
+def _padded_starts(valid: Tensor | None) -> list[int] | None:
+    """Each row's first valid token where ``valid`` is a left-padded batch's (each row's valid tokens one run to the
+    end, some row padded); None otherwise."""
+    if valid is None:
+        return None
+    ok = valid != 0
+    lengths = ok.sum(1)
+    t = valid.shape[1]
+    suffix = ok == (torch.arange(t, device=valid.device)[None, :] >= (t - lengths)[:, None])
+    if not bool(suffix.all()) or bool((lengths == t).all()):
+        return None
+    return (t - lengths).tolist()
+
+
+def _torch_delta_rule(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid, snapshots) -> Tensor:
+    """The pure-torch path of ``gated_delta_step``: token by token up to DECODE_ROWS tokens, else in chunks."""
+    from ..kernels.gdn.reference import gated_delta_step as run
+
+    t = mixed.shape[1]
     if t <= DECODE_ROWS:  # token by token, each as a decode step computes it (CPU elementwise kernels round by a
         outs = []         # value's place in the call)
         for i in range(t):
