@@ -10,7 +10,8 @@
 #   bash benchmarks/gpu_session.sh sweep     # launch-config sweeps of the CUDA kernel (the launch table's source)
 #   bash benchmarks/gpu_session.sh runner    # e2e_runner, step profile, speculative decoding
 #   bash benchmarks/gpu_session.sh tp        # two GPUs: all-reduce probe, bench --tp 2, TP1/TP2 agreement
-#   bash benchmarks/gpu_session.sh moe       # mixtures of experts: GPU tests, random Qwen3-30B-A3B NVFP4 vs bf16
+#   bash benchmarks/gpu_session.sh moe       # mixtures of experts: GPU tests, random Qwen3-30B-A3B NVFP4 vs bf16,
+#                                            # the grouped expert launches alone (kernels/experts.py)
 #   bash benchmarks/gpu_session.sh hybrid    # Qwen3.5-27B hybrid: GPU tests, bench vs bf16, MTP, rejected drafts,
 #                                            # step profile, Gated DeltaNet prefill: torch, recurrent, chunked
 #   TOKENIZER=DIR bash benchmarks/gpu_session.sh serve  # anyfp4 serve --max-batch 16: 16 clients vs the runner's
@@ -159,6 +160,8 @@ moe)
     done
     timeout 200 python3 -m anyfp4 bench --random-weights qwen3-30b-a3b --format fp8 --json > "$OUT/bench_moe_fp8.json" \
         2> "$OUT/bench_moe_fp8.err" || tail -3 "$OUT/bench_moe_fp8.err"
+    timeout 120 python3 benchmarks/kernels/experts.py ${COMMIT:+--commit $COMMIT} --out "$OUT/experts.json" 2>&1 \
+        | grep -v "^\[" | tail -10  # the grouped launches alone: bytes of the distinct experts against the copy
     ;;
 chain)
     timeout 120 python3 benchmarks/probes/chain_floor.py --out "$OUT/chain_floor.json" 2>&1 | tail -20
