@@ -97,8 +97,9 @@ def _check_cuda(result: int, what: str) -> None:
         raise NVRTCError(f"CUDA {what} failed: {msg.value.decode() if msg.value else result}")
 
 
+@functools.cache
 def version() -> tuple[int, int]:
-    """NVRTC's (major, minor) version."""
+    """NVRTC's (major, minor) version (of the library ``_nvrtc`` loaded once: asked once)."""
     lib = _nvrtc()
     major, minor = ctypes.c_int(), ctypes.c_int()
     _check_nvrtc(lib, lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "version")
