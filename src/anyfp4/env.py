@@ -74,9 +74,9 @@ PREFILL_MODES = ("cublas", "chunked", "fused")
 
 def prefill_mode() -> str:
     """``ANYFP4_PREFILL``: how quantized linears run more than 32 rows on a GPU. ``cublas`` (default):
-    dequantize, then cuBLAS; ``chunked``: the decode kernels, 32 rows at a time (sm_80+) — slower for long
-    prompts, but a row's bits then depend neither on the prompt's length nor, with two tensor-parallel ranks,
-    on the split over GPUs; ``fused`` (NVFP4): one Triton GEMM decoding the weight tiles in registers, no dense
+    dequantize, then cuBLAS; ``chunked``: the decode kernels, 32 rows at a time (sm_80+), and float layers of at
+    most 256 outputs through their decode GEMV — slower for long prompts, but a row's bits then depend neither on
+    the prompt's length nor, with two tensor-parallel ranks, on the split over GPUs; ``fused`` (NVFP4): one Triton GEMM decoding the weight tiles in registers, no dense
     copy of the weight (being measured against ``cublas``). Read inside the op."""
     return _choice("ANYFP4_PREFILL", PREFILL_MODES, "cublas")
 

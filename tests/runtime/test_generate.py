@@ -5,9 +5,9 @@ import torch
 
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
 from anyfp4.cli import main
-from anyfp4.runtime.generate import SamplingParams, generate, left_padded
+from anyfp4.runtime.generate import SamplingParams, generate
 from anyfp4.runtime.loader import load_model
-from helpers import TINY_LLAMA, edit_json, write_float_checkpoint, write_runnable_checkpoint
+from helpers import TINY_LLAMA, edit_json, padded_steps, write_float_checkpoint, write_runnable_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -45,24 +45,6 @@ def test_left_padded_batch_equals_single_runs(model):
     params = SamplingParams(max_new_tokens=10)
     batch = generate(model, prompts, params)
     assert batch == [generate(model, [p], params)[0] for p in prompts]
-
-
-def padded_steps(model, prompts, steps):
-    """Each row's logits and final-norm output (what the head reads) after its prompt and after each of ``steps``
-    greedy tokens, in one left-padded batch laid out as ``generate`` lays it out."""
-    longest = max(len(p) for p in prompts)
-    slots = longest + steps + 5  # longer than alone: the cache past a row's last position is not read
-    model.setup_caches(len(prompts), slots)
-    tokens, valid, rope, _ = left_padded(prompts, slots, "cpu")
-    out = []
-    with torch.no_grad():
-        logits, hidden = model(tokens, torch.arange(longest), rope, valid, hidden=True, last=True)
-        for step in range(steps):
-            out.append(torch.cat([logits[:, -1], hidden[:, -1]], -1))
-            valid[:, longest + step] = True
-            logits, hidden = model(logits[:, -1].argmax(-1)[:, None], torch.tensor([longest + step]),
-                                   rope[:, -1:] + 1 + step, valid, hidden=True)
-    return torch.stack(out, 1)
 
 
 @pytest.mark.skipif(__import__("anyfp4.kernels.cpu.linear", fromlist=["library"]).library() is None,

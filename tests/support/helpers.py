@@ -431,3 +431,24 @@ def copy_expert_weights(state_dict: dict, name: str, weight: torch.Tensor) -> bo
     rows = fused.shape[0] // 2
     (fused[:rows] if which in ("gate_proj", "w1") else fused[rows:]).copy_(weight)
     return True
+
+
+def padded_steps(model, prompts, steps):
+    """Each row's logits and final-norm output (what the head reads) after its prompt and after each of ``steps``
+    greedy tokens, in one left-padded batch laid out as ``generate`` lays it out."""
+    from anyfp4.runtime.generate import left_padded
+
+    device = model.device
+    longest = max(len(p) for p in prompts)
+    slots = longest + steps + 5  # longer than alone: the cache past a row's last position is not read
+    model.setup_caches(len(prompts), slots)
+    tokens, valid, rope, _ = left_padded(prompts, slots, device)
+    out = []
+    with torch.no_grad():
+        logits, hidden = model(tokens, torch.arange(longest, device=device), rope, valid, hidden=True, last=True)
+        for step in range(steps):
+            out.append(torch.cat([logits[:, -1], hidden[:, -1]], -1))
+            valid[:, longest + step] = True
+            logits, hidden = model(logits[:, -1].argmax(-1)[:, None], torch.tensor([longest + step], device=device),
+                                   rope[:, -1:] + 1 + step, valid, hidden=True)
+    return torch.stack(out, 1)

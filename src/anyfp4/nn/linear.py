@@ -99,7 +99,8 @@ class FP8Linear(nn.Module):
 
 class DenseLinear(nn.Module):
     """cuBLAS; on a GPU a call of at most ``DECODE_ROWS`` rows runs on exactly ``DECODE_ROWS`` rows (zero
-    padded), or for a layer of at most ``SMALL_DENSE_OUTPUTS`` outputs through one Triton GEMV launch. cuBLAS picks
+    padded), or for a layer of at most ``SMALL_DENSE_OUTPUTS`` outputs through one Triton GEMV launch (with
+    ``ANYFP4_PREFILL=chunked`` a longer call too: its rows' bits do not depend on the row count). cuBLAS picks
     its kernel, and so each row's summation order, by shape: one shape for every small step makes a row's output
     independent of how many rows share the step (a one-token decode step and a speculative verify pass give the
     same bits). At <= 32 rows the GEMM reads the weight once either way, so the padding costs ~1-3% of the layer
@@ -115,7 +116,8 @@ class DenseLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if x.is_cuda and 0 < rows <= DECODE_ROWS and self.weight.shape[0] <= SMALL_DENSE_OUTPUTS:
+        if x.is_cuda and 0 < rows and self.weight.shape[0] <= SMALL_DENSE_OUTPUTS and (
+                rows <= DECODE_ROWS or _chunked_prefill()):
             from ..kernels.triton.dense_gemv import dense_gemv
 
             return dense_gemv(x, self.weight, self.bias)
@@ -151,6 +153,14 @@ class DenseLinear(nn.Module):
             return F.linear(x, self.weight).float()
         x2 = x.reshape(-1, x.shape[-1])
         return torch.mm(x2, self.weight.t(), out_dtype=torch.float32).reshape(*x.shape[:-1], -1)
+
+
+def _chunked_prefill() -> bool:
+    """``ANYFP4_PREFILL=chunked``: prompts' rows as decode steps compute them (their bits independent of the row
+    count), so a small float layer runs them through its decode GEMV too."""
+    from ..env import prefill_mode
+
+    return prefill_mode() == "chunked"
 
 
 def _cat_bias(biases: list, sizes: list[int], like: torch.Tensor | None) -> torch.Tensor | None:

@@ -30,3 +30,16 @@ def test_rows_alone_equal_rows_in_a_batch(device):
     assert together.shape == (1, 5, 48)
     for r in range(5):
         assert torch.equal(dense_gemv(x[:, r:r + 1], w), together[:, r:r + 1]), r
+
+
+def test_more_rows_than_a_launch_takes_run_in_slices(device, monkeypatch):
+    """A call of more rows than one launch's grid holds runs in slices, every row written with its bits alone."""
+    import anyfp4.kernels.triton.dense_gemv as module
+
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(7, 256, generator=gen).to(device, torch.bfloat16)
+    w = torch.randn(6, 256, generator=gen).to(device, torch.bfloat16)
+    whole = dense_gemv(x, w)
+    monkeypatch.setattr(module, "GRID_ROWS", 3)
+    out = torch.full((7, 6), float("nan"), dtype=torch.bfloat16, device=device)
+    assert torch.equal(dense_gemv(x, w, out=out), whole) and torch.equal(out, whole)

@@ -36,6 +36,9 @@ def dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_xm, stride_w
     tl.store(out_ptr + m * stride_om + rows, round_to_output(y, out_ptr.dtype.element_ty, INTERPRET), mask=rows < N)
 
 
+GRID_ROWS = 32768  # input rows a launch takes (its grid's second axis, at most 65535)
+
+
 def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., K), weight (N, K) contiguous, bias (N,) or None -> (..., N) in x's dtype (into ``out`` if given)."""
@@ -48,7 +51,9 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     rows = x2.shape[0]
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device) if out is None else out.view(rows, n)
     block_n = 2
-    dense_gemv_kernel[(triton.cdiv(n, block_n), rows)](
-        x2, weight, bias if bias is not None else weight, y, n, k, x2.stride(0), weight.stride(0), y.stride(0),
-        BLOCK_N=block_n, BLOCK_K=1024, HAS_BIAS=bias is not None, INTERPRET=triton_interpret(), num_warps=4)
+    for r0 in range(0, rows, GRID_ROWS):  # one launch up to GRID_ROWS rows; a row's bits are the same in any
+        xs, ys = x2[r0:r0 + GRID_ROWS], y[r0:r0 + GRID_ROWS]
+        dense_gemv_kernel[(triton.cdiv(n, block_n), xs.shape[0])](
+            xs, weight, bias if bias is not None else weight, ys, n, k, xs.stride(0), weight.stride(0), ys.stride(0),
+            BLOCK_N=block_n, BLOCK_K=1024, HAS_BIAS=bias is not None, INTERPRET=triton_interpret(), num_warps=4)
     return y.view(*x.shape[:-1], n)
