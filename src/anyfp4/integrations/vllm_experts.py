@@ -109,7 +109,7 @@ class AnyFP4ExpertsMethod(FusedMoEMethodBase):
 
     def _loader(self, layer, name: str):
         spec = layer.anyfp4_params[name]
-        _, inter, _ = layer.anyfp4_sizes
+        experts, inter, _ = layer.anyfp4_sizes
         parallel = layer.moe_config.moe_parallel_config
         rank = parallel.tp_rank
 
@@ -117,6 +117,8 @@ class AnyFP4ExpertsMethod(FusedMoEMethodBase):
             if shard_id not in SHARD_PART:
                 raise ValueError(f"anyfp4: {self.prefix}.{name}: unknown expert shard {shard_id!r}")
             what = f"{self.prefix}.{expert_id}.{SHARD_PART[shard_id]} ({name})"
+            if not 0 <= expert_id < experts:
+                raise ValueError(f"anyfp4: {what}: the layer has {experts} experts")
             w = loaded_weight
             if spec.kind == "tensor":
                 if w.numel() != 1:
