@@ -86,8 +86,10 @@ class StandInExperts(torch.nn.Module):
         self.use_ep = False
 
 
-def expert_layer(ckpt: Path, fmt: WeightFormat, rank: int, tp: int, drop: str | None = None):
-    """Layer 0's experts of ``ckpt`` loaded as rank ``rank`` of ``tp`` through the method's own loaders."""
+def expert_layer(ckpt: Path, fmt: WeightFormat, rank: int, tp: int, drop: str | None = None,
+                 replace: dict | None = None):
+    """Layer 0's experts of ``ckpt`` loaded as rank ``rank`` of ``tp`` through the method's own loaders (without the
+    tensor ``drop``, with the tensors of ``replace`` in place of the checkpoint's)."""
     import json
 
     from safetensors.torch import load_file
@@ -108,6 +110,7 @@ def expert_layer(ckpt: Path, fmt: WeightFormat, rank: int, tp: int, drop: str | 
     for name, t in tensors.items():
         if not name.startswith(prefix + ".") or name == drop:
             continue
+        t = (replace or {}).get(name, t)
         e, part, suffix = name[len(prefix) + 1:].split(".", 2)
         param = getattr(layer, f"{'w2' if part == 'down_proj' else 'w13'}_{suffix}")
         param.weight_loader(param=param, loaded_weight=t, weight_name=name, shard_id=shards[part],
@@ -161,3 +164,13 @@ def test_experts_of_mixed_formats_and_expert_parallelism_are_refused(moe_checkpo
     method = vllm_experts.AnyFP4ExpertsMethod(cfg, WeightFormat.NVFP4, "model.layers.0.mlp.experts", layer.moe_config)
     with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.experts: expert parallelism"):
         method.create_weights(layer, 4, 128, 128, torch.float32, global_num_experts=8)
+
+
+def test_a_scale_that_is_not_positive_and_finite_is_named(moe_checkpoints):
+    name = "model.layers.0.mlp.experts.3.down_proj.weight_scale"
+    with pytest.raises(ValueError, match=r"experts\.3: the down w2_weight_scale must be positive and finite"):
+        expert_layer(moe_checkpoints["qwen3_moe", "fp8"], WeightFormat.FP8, 0, 1, replace={name: torch.tensor(0.0)})
+    name = "model.layers.0.mlp.experts.6.up_proj.weight_scale_2"
+    with pytest.raises(ValueError, match=r"experts\.6: the gate / up w13_weight_scale_2 must be positive"):
+        expert_layer(moe_checkpoints["qwen3_moe", "nvfp4"], WeightFormat.NVFP4, 0, 1,
+                     replace={name: torch.tensor(float("nan"))})

@@ -163,12 +163,26 @@ class AnyFP4ExpertsMethod(FusedMoEMethodBase):
                 raise ValueError(f"anyfp4: {self.prefix}.{e}.{SHARD_PART[s]} has no {name} in the checkpoint "
                                  f"({len(missing)} expert tensors missing)")
         p = {name: getattr(layer, name).data for name in layer.anyfp4_params}
+        self._check_scales(p)
         built = [GatedMLP(*self._expert_weights(p, e, inter), device=p[next(iter(p))].device,
                           dtype=self.moe.in_dtype) for e in range(experts)]
         for name in layer.anyfp4_params:  # the experts' prepacks replace the checkpoint's stacks
             delattr(layer, name)
         layer.anyfp4_experts = nn.ModuleList(built)
         layer.anyfp4_stacked = stacked_experts(built)
+
+    def _check_scales(self, p: dict[str, torch.Tensor]) -> None:
+        """Every expert's per-tensor scales (NVFP4 global scales, FP8 scales) positive and finite: one check a layer."""
+        n = self._names()
+        key = "global" if self.fmt is WeightFormat.NVFP4 else "scale"
+        for stack in ("w13", "w2"):
+            t = p[f"{stack}_{n[key]}"]
+            bad = ~(torch.isfinite(t) & (t > 0))
+            if bool(bad.any()):
+                e = int(bad.reshape(t.shape[0], -1).any(-1).nonzero()[0])
+                part = "down" if stack == "w2" else "gate / up"
+                raise ValueError(f"anyfp4: {self.prefix}.{e}: the {part} {stack}_{n[key]} must be positive and finite, "
+                                 f"got {t[e].tolist()}")
 
     def _expert_weights(self, p: dict[str, torch.Tensor], e: int, inter: int):
         """Expert e's gate, up and down weights, views of the loaded stacks."""
@@ -177,9 +191,6 @@ class AnyFP4ExpertsMethod(FusedMoEMethodBase):
         s13, s2 = p[f"w13_{n['scale']}"], p[f"w2_{n['scale']}"]
         if self.fmt is WeightFormat.NVFP4:
             g = torch.cat([p[f"w13_{n['global']}"][e], p[f"w2_{n['global']}"][e].reshape(1)])
-            if not bool(torch.isfinite(g).all()) or not bool((g > 0).all()):
-                raise ValueError(f"anyfp4: {self.prefix}.{e}: the global scales of gate / up / down must be positive "
-                                 f"and finite, got {g.tolist()}")
             return (NVFP4Weight(codes13[e, :inter], s13[e, :inter], g[0].clone()),
                     NVFP4Weight(codes13[e, inter:], s13[e, inter:], g[1].clone()),
                     NVFP4Weight(codes2[e], s2[e], g[2].clone()))
@@ -187,8 +198,6 @@ class AnyFP4ExpertsMethod(FusedMoEMethodBase):
             gate_s, up_s, down_s = s13[e, :inter], s13[e, inter:], s2[e]
         else:
             gate_s, up_s, down_s = s13[e, 0], s13[e, 1], s2[e]
-        if not all(bool(torch.isfinite(t).all()) for t in (gate_s, up_s, down_s)):
-            raise ValueError(f"anyfp4: {self.prefix}.{e}: the FP8 weight scales must be finite")
         return (FP8Weight(codes13[e, :inter], gate_s.clone()), FP8Weight(codes13[e, inter:], up_s.clone()),
                 FP8Weight(codes2[e], down_s.clone()))
 
