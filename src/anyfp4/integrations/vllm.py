@@ -55,15 +55,6 @@ def parse_scheme(config: dict[str, Any]) -> QuantScheme:
     return scheme_from_config(config, "quantization_config")
 
 
-def tensor_names(scheme: QuantScheme, fmt: WeightFormat) -> dict[str, str]:
-    """The checkpoint's tensor suffixes of a quantized linear: codes (``weight``), block / FP8 scales (``scale``),
-    NVFP4 global scales (``global``) and activation scales (``input``)."""
-    if scheme.naming is TensorNaming.COMPRESSED_TENSORS and fmt is WeightFormat.NVFP4:
-        return {"weight": "weight_packed", "scale": "weight_scale", "global": "weight_global_scale",
-                "input": "input_global_scale"}
-    return {"weight": "weight", "scale": "weight_scale", "global": "weight_scale_2", "input": "input_scale"}
-
-
 def _native_support_missing(scheme: QuantScheme) -> bool:
     if not torch.cuda.is_available():
         return True
@@ -173,7 +164,10 @@ class AnyFP4LinearMethod(LinearMethodBase):
         self.config, self.fmt, self.prefix = config, fmt, prefix
 
     def _names(self) -> dict[str, str]:
-        return tensor_names(self.config.scheme, self.fmt)
+        if self.config.scheme.naming is TensorNaming.COMPRESSED_TENSORS and self.fmt is WeightFormat.NVFP4:
+            return {"weight": "weight_packed", "scale": "weight_scale", "global": "weight_global_scale",
+                    "input": "input_global_scale"}
+        return {"weight": "weight", "scale": "weight_scale", "global": "weight_scale_2", "input": "input_scale"}
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
                        params_dtype, **extra_weight_attrs):

@@ -19,12 +19,11 @@ import torch
 from torch import nn
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 
-from ..checkpoint.quant_config import WeightFormat
+from ..checkpoint.quant_config import TensorNaming, WeightFormat
 from ..formats.fp8 import FP8Weight
 from ..formats.nvfp4 import NVFP4Weight
 from ..nn.linear import GatedMLP
 from ..runtime.experts import stacked_experts, weighted_experts
-from .vllm import tensor_names
 
 # apply() calls per format in this process (tests read it to prove the plugin's path really ran)
 APPLY_CALLS = {"nvfp4": 0, "fp8": 0}
@@ -52,13 +51,17 @@ class AnyFP4ExpertsMethod(FusedMoEMethodBase):
         return ValueError(f"anyfp4: {self.prefix}: {what}; the anyfp4 vLLM plugin does not run it")
 
     def _names(self) -> dict[str, str]:
-        return tensor_names(self.config.scheme, self.fmt)
+        """The checkpoint's tensor suffixes: codes, block scales / FP8 scales, NVFP4 global scales, input scales."""
+        if self.config.scheme.naming is TensorNaming.COMPRESSED_TENSORS and self.fmt is WeightFormat.NVFP4:
+            return {"codes": "weight_packed", "scale": "weight_scale", "global": "weight_global_scale",
+                    "input": "input_global_scale"}
+        return {"codes": "weight", "scale": "weight_scale", "global": "weight_scale_2", "input": "input_scale"}
 
     def _params(self) -> dict[str, ExpertParam]:
         names, nvfp4 = self._names(), self.fmt is WeightFormat.NVFP4
         params = {}
         for stack in ("w13", "w2"):
-            params[f"{stack}_{names['weight']}"] = ExpertParam(stack, "matrix", 2 if nvfp4 else 1)
+            params[f"{stack}_{names['codes']}"] = ExpertParam(stack, "matrix", 2 if nvfp4 else 1)
             if nvfp4:
                 params[f"{stack}_{names['scale']}"] = ExpertParam(stack, "matrix", 16)
                 params[f"{stack}_{names['global']}"] = ExpertParam(stack, "tensor",
@@ -184,7 +187,7 @@ class AnyFP4ExpertsMethod(FusedMoEMethodBase):
     def _expert_weights(self, p: dict[str, torch.Tensor], e: int, inter: int):
         """Expert e's gate, up and down weights, views of the loaded stacks."""
         n = self._names()
-        codes13, codes2 = p[f"w13_{n['weight']}"], p[f"w2_{n['weight']}"]
+        codes13, codes2 = p[f"w13_{n['codes']}"], p[f"w2_{n['codes']}"]
         s13, s2 = p[f"w13_{n['scale']}"], p[f"w2_{n['scale']}"]
         if self.fmt is WeightFormat.NVFP4:
             g = torch.cat([p[f"w13_{n['global']}"][e], p[f"w2_{n['global']}"][e].reshape(1)])
