@@ -163,7 +163,7 @@ def test_portable_path_matches_reference(tmp_path):
     x = torch.randn(9, 1552, generator=gen)
     close(cpu_linear.nvfp4_rows(lib, x, prepack_nvfp4(w), (0,), 3e-3), x.double() @ dequantize_nvfp4(w).double().t())
     close(cpu_linear.fp8_rows(lib, x, prepack_fp8(f), (0,), True), x.double() @ dequantize_fp8(f).double().t())
-    assert cpu_linear.features(lib) == {"avx512": False, "bf16_dot_products": False}
+    assert cpu_linear.features(lib) == {"avx512": False, "bf16_dot_products": False, "amx_tiles": False}
     for half in (x.bfloat16(), x.half()):  # widened in C
         close(cpu_linear.nvfp4_rows(lib, half, prepack_nvfp4(w), (0,), 3e-3),
               half.double() @ dequantize_nvfp4(w).double().t())
@@ -204,6 +204,25 @@ def bf16_dot_products() -> bool:
     return cpu_linear.features(cpu_linear.library())["bf16_dot_products"]
 
 
+# bf16 rows take AMX tiles where the CPU has them, else the bf16 dot products: both builds are tested here
+BF16_BUILDS = ["native", "no_amx"]
+
+
+@pytest.fixture(scope="module")
+def bf16_libraries(tmp_path_factory):
+    no_amx = cpu_linear._build(cpu_linear._compiler(), tmp_path_factory.mktemp("no_amx"), ("-DWEIGHT_CPU_NO_AMX",))
+    return {"native": cpu_linear.library(), "no_amx": cpu_linear.open_library(no_amx)}
+
+
+def test_amx_tiles_where_the_cpu_has_them(bf16_libraries):
+    """The native build takes AMX tiles for bf16 rows on a CPU that lists them (Linux grants them from 5.16), and
+    the build without them does not."""
+    flags = cpu_linear._cpu_signature().split()
+    has_amx = {"amx_tile", "amx_bf16"} <= set(flags)
+    assert cpu_linear.features(bf16_libraries["native"])["amx_tiles"] == has_amx
+    assert not cpu_linear.features(bf16_libraries["no_amx"])["amx_tiles"]
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_activations_and_strided_rows(fmt, dtype):
@@ -231,26 +250,30 @@ def test_half_activations_and_strided_rows(fmt, dtype):
             assert torch.equal(y, run(x.float().contiguous()))
 
 
+@pytest.mark.parametrize("build", BF16_BUILDS)
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 @pytest.mark.parametrize("n, k", SHAPES)
-@pytest.mark.parametrize("m", [1, 3, 8, 13])
-def test_bf16_rows_match_reference(fmt, n, k, m):
-    """bf16 rows (the bf16 dot products where the CPU has them): the reference's sums."""
+@pytest.mark.parametrize("m", [1, 3, 8, 13, 17, 70])
+def test_bf16_rows_match_reference(bf16_libraries, build, fmt, n, k, m):
+    """bf16 rows (AMX tiles or the bf16 dot products where the CPU has them; 17 and 70 rows: a part-filled group
+    of 16 rows, more than one pass of 64): the reference's sums."""
+    lib = bf16_libraries[build]
     gen = torch.Generator().manual_seed(n * 1000 + k + m + 3)
     x = torch.randn(m, k, generator=gen).bfloat16()
     if fmt == "nvfp4":
         w = random_nvfp4(n, k, gen)
-        y = cpu_linear.nvfp4_rows(cpu_linear.library(), x, prepack_nvfp4(w), (0,), float(w.global_scale))
+        y = cpu_linear.nvfp4_rows(lib, x, prepack_nvfp4(w), (0,), float(w.global_scale))
         ref = x.double() @ dequantize_nvfp4(w).double().t()
     else:
         f = random_fp8(n, k, gen)
-        y = cpu_linear.fp8_rows(cpu_linear.library(), x, prepack_fp8(f), (0,), True)
+        y = cpu_linear.fp8_rows(lib, x, prepack_fp8(f), (0,), True)
         ref = x.double() @ dequantize_fp8(f).double().t()
     assert y.shape == (m, n)
     close(y, ref)
 
 
-def test_every_code_decodes_with_bf16_rows():
+@pytest.mark.parametrize("build", BF16_BUILDS)
+def test_every_code_decodes_with_bf16_rows(bf16_libraries, build):
     """Each of the 16 E2M1 codes in each of the 8 places of a word (each pair's first and second code) under a
     few block scales, one weight times x = 1 at a time, through bf16 rows."""
     n = 16 * 8
@@ -260,7 +283,7 @@ def test_every_code_decodes_with_bf16_rows():
     packed[torch.arange(n), ks // 2] = torch.where(ks % 2 == 0, codes, codes << 4)
     scale = torch.tensor([0x38, 0x01, 0x7E, 0x40], dtype=torch.uint8)[torch.arange(n) % 4]  # 1, 2^-9, 448, 2
     w = NVFP4Weight(packed, scale[:, None].view(torch.float8_e4m3fn), torch.tensor(1.0))
-    lib = cpu_linear.library()
+    lib = bf16_libraries[build]
     for k in range(8):
         x = torch.zeros(1, 16, dtype=torch.bfloat16)
         x[0, k] = 1.0
@@ -268,12 +291,13 @@ def test_every_code_decodes_with_bf16_rows():
         assert torch.equal(y[0], dequantize_nvfp4(w)[:, k]), k
 
 
-def test_every_fp8_byte_decodes_with_bf16_rows():
+@pytest.mark.parametrize("build", BF16_BUILDS)
+def test_every_fp8_byte_decodes_with_bf16_rows(bf16_libraries, build):
     """Every finite E4M3 byte (subnormals, both zeros) in each of the 4 places of a word (each pair's first and
     second value), one weight times x = 1 at a time, through bf16 rows."""
     values = torch.arange(256, dtype=torch.uint8)
     values = values[(values & 0x7F) != 0x7F]
-    lib = cpu_linear.library()
+    lib = bf16_libraries[build]
     for k in range(4):
         codes = torch.zeros(len(values), 4, dtype=torch.uint8)
         codes[:, k] = values
@@ -284,22 +308,56 @@ def test_every_fp8_byte_decodes_with_bf16_rows():
         assert torch.equal(y[0], dequantize_fp8(f)[:, k]), k
 
 
+@pytest.mark.parametrize("build", BF16_BUILDS)
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-def test_bf16_rows_do_not_depend_on_the_call(fmt, monkeypatch):
-    """bf16 rows give the same bits alone, inside any batch, and with one thread or several."""
+def test_bf16_rows_do_not_depend_on_the_call(bf16_libraries, build, fmt, monkeypatch):
+    """bf16 rows give the same bits alone, inside any batch (AMX: part-filled groups of 16 rows, more than one
+    pass of 64) and with one thread or several."""
+    lib = bf16_libraries[build]
     gen = torch.Generator().manual_seed(5)
     if fmt == "nvfp4":
         p = prepack_nvfp4(random_nvfp4(1030, 1552, gen))
-        run = lambda x: cpu_linear.nvfp4_rows(cpu_linear.library(), x, p, (0,), 0.5)  # noqa: E731
+        run = lambda x: cpu_linear.nvfp4_rows(lib, x, p, (0,), 0.5)  # noqa: E731
     else:
         p = prepack_fp8(random_fp8(1030, 1552, gen))
-        run = lambda x: cpu_linear.fp8_rows(cpu_linear.library(), x, p, (0,), True)  # noqa: E731
-    x = torch.randn(33, 1552, generator=gen).bfloat16()
+        run = lambda x: cpu_linear.fp8_rows(lib, x, p, (0,), True)  # noqa: E731
+    x = torch.randn(70, 1552, generator=gen).bfloat16()
     monkeypatch.setattr(cpu_linear, "MIN_THREAD_WORK", 1 << 12)
     monkeypatch.setattr(cpu_linear, "threads", lambda: 3)
-    alone = torch.cat([run(x[i:i + 1]) for i in range(33)])
-    for m in (2, 6, 8, 9, 33):
+    alone = torch.cat([run(x[i:i + 1]) for i in range(70)])
+    for m in (2, 6, 8, 9, 16, 17, 33, 64, 65, 70):
         assert torch.equal(run(x[:m]), alone[:m]), m
+    monkeypatch.setattr(cpu_linear, "threads", lambda: 1)
+    assert torch.equal(run(x), alone)
+
+
+@pytest.mark.parametrize("build", BF16_BUILDS)
+def test_bf16_gated_bias_and_partial_through_the_ops(bf16_libraries, build, monkeypatch):
+    """bf16 rows through the ops: the up half of a gated prepack (rows from its offset), bias, partial sums, odd
+    N and K; every output written (the output buffer starts as NaN)."""
+    from anyfp4.ops import linear_run
+
+    monkeypatch.setattr(linear_run, "library", lambda: bf16_libraries[build])
+    real_empty = torch.empty
+    monkeypatch.setattr(cpu_linear.torch, "empty", lambda *a, **kw: real_empty(*a, **kw).fill_(float("nan")))
+    gen = torch.Generator().manual_seed(17)
+    n, k = 200, 272
+    x = torch.randn(19, k, generator=gen).bfloat16()
+    gate, up = random_nvfp4(n, k, gen, gs=2e-3), random_nvfp4(n, k, gen, gs=2e-3)
+    pg = prepack_nvfp4_gated(gate, up)
+    y = torch.ops.anyfp4.nvfp4_gated(x, pg.codes, pg.scales, pg.global_scale, pg.up_offset, n, k)
+    g_ref, u_ref = (x.double() @ dequantize_nvfp4(q).double().t() for q in (gate, up))
+    close(y.double(), torch.nn.functional.silu(g_ref) * u_ref, 4e-3)  # rounded to bf16
+    p = prepack_nvfp4(gate)
+    close(torch.ops.anyfp4.nvfp4_linear_partial(x, p.codes, p.scales, p.global_scale, n, k) * 2e-3, g_ref)
+    fg, fu = random_fp8(n, k, gen), random_fp8(n, k, gen)
+    pf = prepack_fp8_gated(fg, fu)
+    yf = torch.ops.anyfp4.fp8_gated(x, pf.codes, pf.scales, pf.up_offset, n, k)
+    fg_ref, fu_ref = (x.double() @ dequantize_fp8(q).double().t() for q in (fg, fu))
+    close(yf.double(), torch.nn.functional.silu(fg_ref) * fu_ref, 4e-3)
+    bias = torch.randn(n, generator=gen).bfloat16()
+    pfl = prepack_fp8(fg)
+    close(torch.ops.anyfp4.fp8_linear(x, pfl.codes, pfl.scales, bias, n, k).double(), fg_ref + bias.double(), 4e-3)
 
 
 @pytest.mark.parametrize("portable", [False, True])

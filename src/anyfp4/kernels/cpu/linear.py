@@ -107,10 +107,11 @@ def open_library(path: Path) -> ctypes.CDLL:
 
 
 def features(lib) -> dict[str, bool]:
-    """What a build of the kernels computes with: the AVX-512 kernels, and the bf16 dot products that NVFP4 and
-    FP8 layers take for bf16 activations (CPUs with AVX512_BF16)."""
+    """What a build of the kernels computes with: the AVX-512 kernels, the bf16 dot products that NVFP4 and FP8
+    layers take for bf16 activations (CPUs with AVX512_BF16), and AMX tiles, which take them instead where the CPU
+    has them and the system grants them."""
     bits = lib.weight_cpu_features()
-    return {"avx512": bool(bits & 1), "bf16_dot_products": bool(bits & 2)}
+    return {"avx512": bool(bits & 1), "bf16_dot_products": bool(bits & 2), "amx_tiles": bool(bits & 4)}
 
 
 @functools.lru_cache(maxsize=1)

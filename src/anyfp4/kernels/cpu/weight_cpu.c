@@ -255,6 +255,271 @@ static void fp8_bf16_rows_##MB(const uint32_t *codes, const float *row_scale, co
     }                                                                                                       \
 }
 EVERY_MB_TO_4(FP8_BF16_ROWS)
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512FP16__) && !defined(WEIGHT_CPU_NO_AMX)
+/* bf16 rows on CPUs with AMX tiles: a row block (TILE_ROWS = 16 weight rows) is decoded to exact bf16 weights in
+   `chunks` of 32 k (NVFP4: the code times its block scale, exact in bf16; FP8: the E4M3 value), each chunk one
+   16 x 32 A tile, and every output of the block sums, chunk by chunk in k order from zero, the tile dot products
+   with x's matching 16 k pairs (one B tile per 16 rows of x: x's pairs down, x's rows across). Each output is
+   its own column of the instruction, a fixed sequence whatever the other rows of x or the threads (inputs and
+   results flushed to zero when subnormal, as the dot products above), so a row's bits do not depend on M; the
+   weight scale (NVFP4's global, FP8's row scale) multiplies the sum at the end. A weight row block is decoded
+   once for every row of x, up to AMX_GROUPS x 16 rows of x per pass over the decoded block. */
+#define AMX_PATH 1
+#include <sys/syscall.h>
+#include <unistd.h>
+extern long syscall(long number, ...);  /* unistd.h declares it only outside strict C11 */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define AMX_GROUPS 4   /* C tiles 4..7: 64 rows of x per pass */
+/* a row block's tiles are consecutive 1 KiB (and the next block follows): the decode asks for the lines of the tile
+   AMX_PREFETCH_TILES ahead (past a block's last tile: the next block's first, or nothing — a prefetch never
+   faults) */
+#define AMX_PREFETCH_TILES 2
+
+/* the process's permission to use the tile registers (Linux asks each process to request it): 1 if granted */
+static int amx_ready(void) {
+    static volatile int state = 0;  /* 0 unknown, 1 granted, -1 refused; asking twice is harmless */
+    if (state == 0) state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+    return state > 0;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* tile 0: the weights' chunk (16 rows x 32 bf16), 1: x's chunk (16 pairs x cols rows of x), 4..7: the sums of
+   16 weight rows x cols rows of x, one per group of x's rows */
+static void amx_configure(int cols) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    c.rows[0] = 16, c.colsb[0] = 64;
+    c.rows[1] = 16, c.colsb[1] = (uint16_t)(cols * 4);
+    for (int i = 4; i < 4 + AMX_GROUPS; i++) c.rows[i] = TILE_ROWS, c.colsb[i] = (uint16_t)(cols * 4);
+    _tile_loadconfig(&c);
+}
+
+/* bf16 h times 2^shift (an exponent shift: exact), zero for zero and subnormals (which the tile dot products take
+   as zero), infinity past the largest bf16, infinities and NaNs as they are */
+static inline uint32_t scaled_bf16(uint16_t h, int shift) {
+    const uint32_t e = (h >> 7) & 0xFF;
+    if (shift == 0 || e == 0xFF) return h;
+    if (e == 0) return 0;
+    if (e + (uint32_t)shift >= 0xFF) return (h & 0x8000u) | 0x7F80u;
+    return h + ((uint32_t)shift << 7);
+}
+
+/* x (rows, k) bf16 times 2^shift -> x's B tiles: for group g (rows 16g..16g+15 of x) and chunk c, 16 pair rows of `cols`
+   dwords at xb + (g * chunks + c) * 16 * cols; pair row d's dword i holds row 16g + i's bf16 values at
+   k = kpair[(c % per_tile) * 32 + 2d] (low half) and kpair[.. + 2d + 1] (high half) of tile c / per_tile; zero
+   past K and past the rows */
+static uint32_t *amx_pairs(const uint16_t *x, int64_t ldx, int64_t rows, int64_t k, int64_t chunks, int per_tile,
+                           int64_t tile_k, const int *kpair, int cols, int shift) {
+    const int64_t groups = (rows + 15) / 16, size = groups * chunks * 16 * cols;
+    uint32_t *xb = aligned_alloc(64, (size_t)(size + 16) * sizeof(uint32_t));
+    if (!xb) return NULL;
+    if (rows % cols) memset(xb, 0, (size_t)size * sizeof(uint32_t));
+    for (int64_t m = 0; m < rows; m++)
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t k0 = (c / per_tile) * tile_k;
+            const int *kp = kpair + (c % per_tile) * 32;
+            uint32_t *dst = xb + ((m / 16) * chunks + c) * 16 * cols + m % 16;
+            for (int d = 0; d < 16; d++) {
+                const int64_t ka = k0 + kp[2 * d], kb = k0 + kp[2 * d + 1];
+                const uint32_t a = ka < k ? scaled_bf16(x[m * ldx + ka], shift) : 0;
+                const uint32_t b = kb < k ? scaled_bf16(x[m * ldx + kb], shift) : 0;
+                dst[d * cols] = a | b << 16;
+            }
+        }
+    return xb;
+}
+
+typedef struct {
+    const uint32_t *xb;  /* amx_pairs */
+    int64_t chunks, rows;
+    int cols;
+    float sum_scale;  /* a power of two the sums come scaled by the inverse of */
+} amx_x;
+
+/* group i of a pass sums in tile T = 4 + i (the tile intrinsics take the tile's number as a literal) */
+#define AMX_ZERO(i, T) if (gn > (i)) _tile_zero(T);
+#define AMX_DOT(i, T)                                                                                           \
+            if (gn > (i)) {                                                                                 \
+                _tile_loadd(1, xs->xb + ((g0 + (i)) * xs->chunks + c) * 16 * xs->cols, xs->cols * 4);          \
+                _tile_dpbf16ps(T, 0, 1);                                                                    \
+            }
+#define AMX_STORE(i, T) if (gn > (i)) _tile_stored(T, sums + (i) * 256, 64);
+
+static inline void amx_zero(int gn) { AMX_ZERO(0, 4) AMX_ZERO(1, 5) AMX_ZERO(2, 6) AMX_ZERO(3, 7) }
+
+/* the decoded chunks [c0, c1) (at a, 16 rows x 16 dwords each) into the sums of groups g0..g0 + gn - 1 */
+static inline void amx_dots(const uint32_t *a, int64_t c0, int64_t c1, const amx_x *xs, int64_t g0, int gn) {
+    for (int64_t c = c0; c < c1; c++) {
+        _tile_loadd(0, a + (c - c0) * 256, 64);
+        AMX_DOT(0, 4) AMX_DOT(1, 5) AMX_DOT(2, 6) AMX_DOT(3, 7)
+    }
+}
+
+/* the sums of groups g0.. for rows [r0, r1) of the block at output row nb: y[m * ldy + n] = scale(n) * sum */
+static void amx_store(const amx_x *xs, int64_t g0, int gn, int64_t nb, int r0, int r1, float out_scale,
+                      const float *row_scale, float *y, int64_t ldy) {
+    float sums[AMX_GROUPS * 256] __attribute__((aligned(64)));
+    AMX_STORE(0, 4) AMX_STORE(1, 5) AMX_STORE(2, 6) AMX_STORE(3, 7)
+    for (int gi = 0; gi < gn; gi++)
+        for (int r = r0; r < r1; r++) {
+            const int64_t n = nb + r;
+            const float scale = row_scale ? row_scale[n] : out_scale;
+            for (int i = 0; i < xs->cols; i++) {
+                const int64_t m = (g0 + gi) * 16 + i;
+                if (m < xs->rows) y[m * ldy + n] = scale * (sums[gi * 256 + r * 16 + i] * xs->sum_scale);
+            }
+        }
+}
+
+/* A row block, `per_tile` chunks per tile decoded by DECODE (into dst, chunk p's row r at (p * 16 + r) * 16)
+   tile by tile: with at most AMX_GROUPS groups of x's rows, each tile's chunks go into the sums while in L1;
+   with more, the whole block is decoded once (into `all`) and every pass of AMX_GROUPS groups reads it. */
+#define AMX_ROW_BLOCK(per_tile, DECODE)                                                                         \
+        {                                                                                                   \
+            const int64_t nb = b0 / TILE_ROWS * TILE_ROWS, b1 = nb + TILE_ROWS < n1 ? nb + TILE_ROWS : n1;   \
+            const int r0 = (int)(b0 - nb), r1 = (int)(b1 - nb);                                             \
+            if (groups <= AMX_GROUPS) amx_zero((int)groups);                                                \
+            for (int64_t t = 0; t < tiles; t++) {                                                           \
+                uint32_t *dst = groups <= AMX_GROUPS ? tile_buf + (t & 1) * (per_tile) * 256                \
+                                                     : all + t * (per_tile) * 256;                           \
+                for (int r = 0; r < TILE_ROWS; r++) { DECODE }                                              \
+                if (groups <= AMX_GROUPS && t > 0)  /* the tile before, while this one's stores land */    \
+                    amx_dots(tile_buf + ((t - 1) & 1) * (per_tile) * 256, (t - 1) * (per_tile), t * (per_tile), \
+                             &xs, 0, (int)groups);                                                          \
+            }                                                                                               \
+            if (groups <= AMX_GROUPS)                                                                       \
+                amx_dots(tile_buf + ((tiles - 1) & 1) * (per_tile) * 256, (tiles - 1) * (per_tile),           \
+                         tiles * (per_tile), &xs, 0, (int)groups);                                          \
+            for (int64_t g0 = 0; g0 < groups; g0 += AMX_GROUPS) {                                           \
+                const int gn = groups - g0 < AMX_GROUPS ? (int)(groups - g0) : AMX_GROUPS;                   \
+                if (groups > AMX_GROUPS) {                                                                  \
+                    amx_zero(gn);                                                                           \
+                    amx_dots(all, 0, xs.chunks, &xs, g0, gn);                                               \
+                }                                                                                           \
+                amx_store(&xs, g0, gn, nb, r0, r1, out_scale, row_scale, y, ldy);                           \
+            }                                                                                               \
+        }
+
+/* x's tiles and, with more than AMX_GROUPS groups of rows, the whole-block buffer; 0 or -1 (out of memory) */
+#define AMX_SETUP(per_tile, tile_k)                                                                             \
+    const int cols = rows < 16 ? (int)rows : 16;                                                            \
+    const int64_t groups = (rows + 15) / 16;                                                                \
+    amx_x xs = {amx_pairs(x, ldx, rows, k, tiles * (per_tile), (per_tile), (tile_k), kpair, cols, x_shift),  \
+                tiles * (per_tile), rows, cols, x_shift ? 18446744073709551616.0f : 1.0f /* 2^(112 - 48) */}; \
+    uint32_t *all = groups > AMX_GROUPS ? aligned_alloc(64, (size_t)(tiles * (per_tile) * 256) * 4) : NULL;  \
+    uint32_t tile_buf[2 * (per_tile) * 256] __attribute__((aligned(64)));                                      \
+    if (!xs.xb || (groups > AMX_GROUPS && !all)) {                                                          \
+        free((void *)xs.xb), free(all);                                                                     \
+        return -1;                                                                                          \
+    }                                                                                                       \
+    amx_configure(cols);
+
+#define AMX_DONE                                                                                                \
+    _tile_release();                                                                                        \
+    free((void *)xs.xb), free(all);                                                                         \
+    return 0;
+
+/* NVFP4 pair p of every word of a tile row as one A row: both codes of the pair (NVFP4_PAIR_CODES) as fp16 code *
+   2^5 by one 16-bit permute, times the lane's block scale * 2^-5 as fp16 (the prepacked scale byte at fp16 bits
+   7..14, packing/nvfp4.py): the exact product as a normal fp16 (2^-10 .. 2688, at most 6 significant bits); its
+   sign and its magnitude shifted right by 3 (an arithmetic shift, the copies of the sign cleared) are bf16 bits
+   of the product * 2^-112, exactly (zero stays zero).
+   Word j's codes a and b in dword j. x comes times 2^AMX_X_SHIFT, the sums times 2^(112 - AMX_X_SHIFT): products
+   under 2^(-14 - AMX_X_SHIFT) flush to zero, x from 2^(128 - AMX_X_SHIFT) on is infinite. */
+#define AMX_X_SHIFT 48
+#define NVFP4_AMX_PAIR(p)                                                                                       \
+            {                                                                                               \
+                const __m512h v = _mm512_castsi512_ph(_mm512_permutexvar_epi16(NVFP4_PAIR_INDEX_##p(w), table)); \
+                const __m512i h = _mm512_castph_si512(_mm512_mul_ph(v, bs));                                \
+                _mm512_store_si512(dst + ((p) * 16 + r) * 16,                                              \
+                    _mm512_and_si512(_mm512_srai_epi16(h, 3), _mm512_set1_epi16((short)0x8FFF)));           \
+            }
+
+/* bs: the lane's scale byte at fp16 bits 7..13 in both halves of its dword (scale_pairs: each lane's byte twice) */
+#define NVFP4_AMX_DECODE                                                                                        \
+                const __m512i w = _mm512_loadu_si512(block + r * word_row + t * word_tile);                 \
+                _mm_prefetch((const char *)(block + r * word_row + (t + AMX_PREFETCH_TILES) * word_tile), _MM_HINT_T0); \
+                if (r < 2) _mm_prefetch((const char *)(sblock + (t + AMX_PREFETCH_TILES) * scale_tile + r * 64),  \
+                                        _MM_HINT_T0);                                                       \
+                const __m256i sbytes = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(                      \
+                    _mm_loadu_si128((const __m128i *)(sblock + t * scale_tile + spans[r]))),                 \
+                    _mm256_loadu_si256((const __m256i *)(scale_pairs + r * 32)));                             \
+                const __m512h bs = _mm512_castsi512_ph(_mm512_slli_epi16(_mm512_cvtepu8_epi16(sbytes), 7));  \
+                NVFP4_AMX_PAIR(0) NVFP4_AMX_PAIR(1) NVFP4_AMX_PAIR(2) NVFP4_AMX_PAIR(3)
+
+static int nvfp4_amx_linear_rows(const uint32_t *codes, const uint8_t *scales, const uint16_t *x, int64_t ldx,
+                                 int64_t k, int64_t rows, const int64_t *spans, const uint8_t *lane_bytes,
+                                 int64_t tiles, int64_t word_rowblock, int64_t word_row, int64_t word_tile,
+                                 int64_t scale_rowblock, int64_t scale_tile, int64_t n0, int64_t n1,
+                                 float out_scale, float *y, int64_t ldy) {
+    static const int pair_codes[8] = NVFP4_PAIR_CODES;
+    const float *row_scale = NULL;
+    const int x_shift = AMX_X_SHIFT;
+    int kpair[4 * 32];  /* chunk p's dword d: word d's codes a and b */
+    for (int p = 0; p < 4; p++)
+        for (int d = 0; d < 16; d++)
+            for (int e = 0; e < 2; e++) kpair[p * 32 + 2 * d + e] = d * 8 + pair_codes[2 * p + e];
+    uint8_t scale_pairs[TILE_ROWS * 32];  /* per tile row: each lane's byte index twice */
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int j = 0; j < 32; j++) scale_pairs[r * 32 + j] = lane_bytes[r * 16 + j / 2];
+    _Float16 values[32];  /* code * 2^5, every code twice: a permute index's bit 4 is anything */
+    for (int c = 0; c < 32; c++) values[c] = (_Float16)((c & 8 ? -32.0f : 32.0f) * e2m1[c & 7]);
+    const __m512i table = _mm512_loadu_si512(values);
+    AMX_SETUP(4, (int64_t)TILE_WORDS * 8)
+    for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
+        const uint32_t *block = codes + (b0 / TILE_ROWS) * word_rowblock;
+        const uint8_t *sblock = scales + (b0 / TILE_ROWS) * scale_rowblock;
+        AMX_ROW_BLOCK(4, NVFP4_AMX_DECODE)
+    }
+    AMX_DONE
+}
+
+/* FP8: pair p of every word of a tile row as one A row, as FP8_BF16_STEP decodes it (word j's values a and b of
+   FP8_PAIR_BYTES in dword j) */
+#define FP8_AMX_PAIR(p)                                                                                         \
+            {                                                                                               \
+                const __m512i bits = FP8_PAIR_BITS_##p(w);                                                  \
+                const __mmask32 sub = _mm512_testn_epi16_mask(bits, _mm512_set1_epi16(0x0780));             \
+                __m512i v = _mm512_add_epi32(bits, _mm512_set1_epi32(0x3C003C00));                          \
+                v = _mm512_mask_permutexvar_epi16(v, sub, _mm512_srli_epi16(bits, 4), subnormals);          \
+                v = _mm512_ternarylogic_epi32(v, bits, _mm512_set1_epi32((int)0x80008000u), 0xF8);          \
+                _mm512_store_si512(dst + ((p) * 16 + r) * 16, v);                                            \
+            }
+
+#define FP8_AMX_DECODE                                                                                          \
+                const __m512i w = _mm512_loadu_si512(block + r * word_row + t * word_tile);                 \
+                _mm_prefetch((const char *)(block + r * word_row + (t + AMX_PREFETCH_TILES) * word_tile), _MM_HINT_T0); \
+                FP8_AMX_PAIR(0) FP8_AMX_PAIR(1)
+
+static int fp8_amx_linear_rows(const uint32_t *codes, const float *row_scale, const uint16_t *x, int64_t ldx,
+                               int64_t k, int64_t rows, int64_t tiles, int64_t word_rowblock, int64_t word_row,
+                               int64_t word_tile, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    static const int pair_bytes[4] = FP8_PAIR_BYTES;
+    const float out_scale = 1.0f;
+    const int x_shift = 0;
+    int kpair[2 * 32];  /* chunk p's dword d: word d's values a and b */
+    for (int p = 0; p < 2; p++)
+        for (int d = 0; d < 16; d++)
+            for (int e = 0; e < 2; e++) kpair[p * 32 + 2 * d + e] = d * 4 + pair_bytes[2 * p + e];
+    uint16_t values[32] = {0};
+    for (int m = 0; m < 8; m++) values[m] = (uint16_t)(as_bits((float)m * 0.001953125f) >> 16); /* m * 2^-9 */
+    const __m512i subnormals = _mm512_loadu_si512(values);
+    AMX_SETUP(2, (int64_t)TILE_WORDS * 4)
+    for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
+        const uint32_t *block = codes + (b0 / TILE_ROWS) * word_rowblock;
+        AMX_ROW_BLOCK(2, FP8_AMX_DECODE)
+    }
+    AMX_DONE
+}
+#endif
 #endif
 
 #else  /* portable C: the same operations in the same order, one lane at a time */
@@ -457,9 +722,12 @@ static int nvfp4_bf16_linear_rows(const uint32_t *codes, const uint8_t *scales, 
 }
 #endif
 
-/* What this build computes with: bit 0 the AVX-512 kernels, bit 1 the bf16 dot products for bf16 x */
+/* What this build computes with: bit 0 the AVX-512 kernels, bit 1 the bf16 dot products for bf16 x, bit 2 AMX
+   tiles for bf16 x (built for, and granted to this process) */
 int64_t weight_cpu_features(void) {
-#if defined(NVFP4_BF16_PATH)
+#if defined(AMX_PATH)
+    return amx_ready() ? 7 : 3;
+#elif defined(NVFP4_BF16_PATH)
     return 3;
 #elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && TILE_WORDS == 16 && \
     !defined(WEIGHT_CPU_PORTABLE)
@@ -474,6 +742,12 @@ int nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const void *
                       int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t scale_rowblock,
                       int64_t scale_tile, int64_t n0, int64_t n1, float out_scale, float *y, int64_t ldy) {
 #ifdef NVFP4_BF16_PATH
+#ifdef AMX_PATH
+    if (x_dtype == X_BFLOAT16 && amx_ready())
+        return nvfp4_amx_linear_rows(codes, scales, (const uint16_t *)x, ldx, k, rows, spans, lane_bytes, tiles,
+                                     word_rowblock, word_row, word_tile, scale_rowblock, scale_tile, n0, n1,
+                                     out_scale, y, ldy);
+#endif
     if (x_dtype == X_BFLOAT16)
         return nvfp4_bf16_linear_rows(codes, scales, (const uint16_t *)x, ldx, k, rows, spans, lane_bytes, tiles,
                                       word_rowblock, word_row, word_tile, scale_rowblock, scale_tile, n0, n1,
@@ -497,6 +771,11 @@ int fp8_linear_rows(const uint32_t *codes, const float *row_scale, const void *x
                     int64_t k, int64_t rows, int64_t tiles, int64_t word_rowblock, int64_t word_row,
                     int64_t word_tile, int64_t n0, int64_t n1, float *y, int64_t ldy) {
 #ifdef NVFP4_BF16_PATH
+#ifdef AMX_PATH
+    if (x_dtype == X_BFLOAT16 && amx_ready())
+        return fp8_amx_linear_rows(codes, row_scale, (const uint16_t *)x, ldx, k, rows, tiles, word_rowblock,
+                                   word_row, word_tile, n0, n1, y, ldy);
+#endif
     if (x_dtype == X_BFLOAT16)
         return fp8_bf16_linear_rows(codes, row_scale, (const uint16_t *)x, ldx, k, rows, tiles, word_rowblock,
                                     word_row, word_tile, n0, n1, y, ldy);
