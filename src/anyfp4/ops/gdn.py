@@ -120,6 +120,26 @@ def gated_delta_step(mixed: Tensor, a: Tensor, b: Tensor, z: Tensor, neg_a: Tens
     if valid is not None and tuple(valid.shape) != (bsz, t):
         raise ValueError(f"gated_delta_step: valid has shape {tuple(valid.shape)}, want {(bsz, t)}")
     _check_snapshots(snapshots, state, t, "gated_delta_step")
+    args = (mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid, snapshots)
+    starts = _padded_starts(valid) if t > DECODE_ROWS and bsz > 1 and snapshots is None else None
+    if starts is None:
+        return _delta_rule(*args)
+    # a left-padded prompt: each row as it runs alone (its path chosen by its own length: token by token or in chunks
+    # from its first token), since the chunks of the whole batch would start at the batch's first slot; its
+    # padding's outputs are zeros
+    out = z.new_zeros(bsz, t, z.shape[-1])
+    for r, first in enumerate(starts):
+        if first == t:
+            continue  # all padding
+        row, tail = slice(r, r + 1), slice(first, t)
+        part = [x[row, tail].contiguous() for x in (mixed, a, b, z, valid)]
+        out[row, tail] = _delta_rule(*part[:4], neg_a, dt_bias, norm_weight, state[row], eps, k_heads, part[4], None)
+    return out
+
+
+def _delta_rule(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid, snapshots) -> Tensor:
+    """``gated_delta_step`` over every row at once, by the kernels ``_gpu_path`` picks (the pure-torch ones on the
+    CPU)."""
     path = _gpu_path(mixed, snapshots)
     if path == "step":
         from ..kernels.gdn.step import delta_rule
@@ -129,20 +149,7 @@ def gated_delta_step(mixed: Tensor, a: Tensor, b: Tensor, z: Tensor, neg_a: Tens
         from ..kernels.gdn.chunked import chunked_delta_rule
 
         return chunked_delta_rule(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid)
-    args = (mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid, snapshots)
-    starts = _padded_starts(valid) if t > DECODE_ROWS and bsz > 1 and snapshots is None else None
-    if starts is None:
-        return _torch_delta_rule(*args)
-    # a left-padded prompt: each row as it runs alone (token by token or in chunks from its first token), since the
-    # chunks of the whole batch would start at the batch's first slot; its padding's outputs are zeros
-    out = z.new_zeros(bsz, t, z.shape[-1])
-    for r, first in enumerate(starts):
-        if first == t:
-            continue  # all padding
-        row, tail = slice(r, r + 1), slice(first, t)
-        out[row, tail] = _torch_delta_rule(mixed[row, tail], a[row, tail], b[row, tail], z[row, tail], neg_a, dt_bias,
-                                           norm_weight, state[row], eps, k_heads, valid[row, tail], None)
-    return out
+    return _torch_delta_rule(mixed, a, b, z, neg_a, dt_bias, norm_weight, state, eps, k_heads, valid, snapshots)
 
 
 def _padded_starts(valid: Tensor | None) -> list[int] | None:

@@ -1,7 +1,7 @@
 """The chunked Gated DeltaNet kernels (kernels/gdn/chunked.py) against the pure-torch definitions on fresh random
 inputs, outputs poisoned first: Triton's CPU interpreter without a GPU (tiny sizes), natively with one. Prompts
 shorter than a chunk, a chunk exactly, several with a short last one; odd head sizes (padded to the products'
-16); left padding; a row's bits the same alone as in a batch."""
+16); left padding; a row's bits the same alone as in a batch, and a left-padded prompt's rows through the op as alone."""
 
 import pytest
 import torch
@@ -77,3 +77,35 @@ def test_a_long_decay_free_prompt_stays_finite(device):
     assert close(state, want_state, 1e-4) and close(got, want, 4e-3)
     with pytest.raises(ValueError, match="power of 2"):
         chunked_delta_rule(**{**args, "state": state}, chunk=48)
+
+
+def test_a_left_padded_prompt_runs_each_row_as_alone(device, monkeypatch):
+    """Through the op with ``ANYFP4_GDN_PREFILL=chunked``: each row of a left-padded prompt gives the outputs and
+    state of the row alone — its chunks start at its own first token, not at the batch's first slot, and a row of
+    at most DECODE_ROWS tokens runs token by token as it does alone; padding's outputs are zeros."""
+    import anyfp4.ops  # noqa: F401  (registers the ops)
+    from anyfp4.dispatch.limits import DECODE_ROWS
+    from anyfp4.ops import gdn as gdn_ops
+
+    monkeypatch.setenv("ANYFP4_GDN_PREFILL", "chunked")
+    if device.type == "cpu":  # the interpreter: the paths a GPU takes
+        monkeypatch.setattr(gdn_ops, "_gpu_path", lambda x, snapshots: "step" if x.shape[1] <= DECODE_ROWS or
+                            snapshots is not None else "chunked")
+    gen = torch.Generator().manual_seed(8)
+    t = CHUNK + 9
+    args = step_inputs(gen, device, torch.bfloat16, b=3, t=t, hk=1, hv=2, dk=16, dv=16)
+    firsts = (0, 30, t - 9)  # rows of 73, 43 and 9 tokens
+    valid = torch.ones(3, t, device=device)
+    for r, first in enumerate(firsts):
+        valid[r, :first] = 0
+    order = ("mixed", "a", "b", "z", "neg_a", "dt_bias", "norm_weight", "state", "eps", "k_heads")
+    state = args["state"].clone()
+    out = torch.ops.anyfp4.gated_delta_step(*[state if k == "state" else args[k] for k in order], valid, None)
+    for r, first in enumerate(firsts):
+        one = {k: (v[r:r + 1, first:] if k in ("mixed", "a", "b", "z") else v) for k, v in args.items()}
+        one["state"] = args["state"][r:r + 1].clone()
+        alone = torch.ops.anyfp4.gated_delta_step(*[one[k] for k in order], torch.ones(1, t - first, device=device),
+                                                  None)
+        assert torch.equal(out[r:r + 1, first:], alone), r
+        assert torch.equal(state[r:r + 1], one["state"]), r
+        assert not out[r, :first].any(), r
