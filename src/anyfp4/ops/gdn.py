@@ -132,8 +132,9 @@ def gated_delta_step(mixed: Tensor, a: Tensor, b: Tensor, z: Tensor, neg_a: Tens
         if first == t:
             continue  # all padding
         row, tail = slice(r, r + 1), slice(first, t)
-        part = [x[row, tail].contiguous() for x in (mixed, a, b, z, valid)]
-        out[row, tail] = _delta_rule(*part[:4], neg_a, dt_bias, norm_weight, state[row], eps, k_heads, part[4], None)
+        # views, strided as the row's own tensors would be (CPU elementwise kernels round by a value's place)
+        out[row, tail] = _delta_rule(mixed[row, tail], a[row, tail], b[row, tail], z[row, tail], neg_a, dt_bias,
+                                     norm_weight, state[row], eps, k_heads, valid[row, tail], None)
     return out
 
 
