@@ -86,11 +86,12 @@ GDN_PREFILL_MODES = ("torch", "recurrent", "chunked")
 
 def gdn_prefill_mode() -> str:
     """``ANYFP4_GDN_PREFILL``: how a Gated DeltaNet layer runs a prompt of more than 32 tokens on a GPU.
-    ``torch`` (default): the pure-torch chunked form (matrix products per chunk of 64, a chain of small launches);
-    ``recurrent``: the step kernels through every token (a prefill then gives the bits of decode steps);
-    ``chunked``: the Triton chunked kernels (all chunks' triangular solves at once, then one pass over the chunks).
-    The two kernel modes are being measured against ``torch``. Read inside the op."""
-    return _choice("ANYFP4_GDN_PREFILL", GDN_PREFILL_MODES, "torch")
+    ``recurrent`` (default): the step kernels through every token (a prefill then gives the bits of decode steps;
+    4.5-8x ``torch`` from 128 to 8192 tokens on an H100, ``benchmarks/results/gdn_prefill_h100.json``);
+    ``torch``: the pure-torch chunked form (matrix products per chunk of 64, a chain of small launches);
+    ``chunked``: the Triton chunked kernels (all chunks' triangular solves at once, then one pass over the chunks;
+    0.9-1.8x ``torch`` in the same run). Read inside the op."""
+    return _choice("ANYFP4_GDN_PREFILL", GDN_PREFILL_MODES, "recurrent")
 
 
 FP8_PREFILL_MODES = ("weight-only", "w8a8")
