@@ -25,6 +25,7 @@ from anyfp4.kernels.gdn.step import conv_kernel, delta_rule_kernel, gated_norm_k
 from anyfp4.kernels.triton.dense_experts import dense_experts_kernel
 from anyfp4.kernels.triton.dense_gemv import dense_gemv_kernel
 from anyfp4.kernels.triton.nvfp4_experts import nvfp4_experts_kernel
+from anyfp4.kernels.triton.weighted_slots import weighted_slots_kernel
 from anyfp4.kernels.glue.rms_norm import add_rms_norm_kernel, rms_norm_kernel
 from anyfp4.kernels.glue.rope_cache import rope_cache_kernel
 from anyfp4.kernels.glue.small_attention import small_attention_kernel, small_attention_merge_kernel
@@ -190,6 +191,9 @@ def experts_kernels_compile(act, cc):
                                                "N_OUT", "K", "PAIRS_PER_ROW", "stride_x", "stride_we", "stride_wn",
                                                "stride_o")}},
                     {"BLOCK_N": 4, "BLOCK_K": 512, "GATED": gated, "INTERPRET": False}, cc)
+    strides = ("K", "H", "stride_pr", "stride_pk", "stride_wr", "stride_wk", "stride_or")
+    compile_for(weighted_slots_kernel, {"p_ptr": f"*{act}", "w_ptr": "*fp32", "out_ptr": "*fp32",
+                                        **{n: "i32" for n in strides}}, {"BLOCK": 1024}, cc)
 
 
 def gdn_kernels_compile(act, cc):

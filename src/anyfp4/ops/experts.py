@@ -4,7 +4,9 @@ stacked along a leading dimension — ``nvfp4_experts(x, ids, codes, scales, glo
 in_features)`` over NVFP4 prepacks, ``fp8_experts(x, ids, codes, scales, up_offset, out_features, in_features)``
 over FP8 prepacks, ``dense_experts(x, ids, weights, gated, out_features, in_features)`` over float weights (E, rows,
 K). On CUDA one Triton launch for every pair (``kernels.triton.nvfp4_experts`` / ``fp8_experts`` /
-``dense_experts``: the routing stays on the GPU); elsewhere the pure-torch definitions, pair by pair."""
+``dense_experts``: the routing stays on the GPU); elsewhere the pure-torch definitions, pair by pair. And
+``weighted_slots(picked, weights)``: each token's k expert outputs times their routing weights, added in float32 in
+slot order (one launch on CUDA, ``kernels.triton.weighted_slots``; elsewhere k float32 products and sums)."""
 
 from __future__ import annotations
 
@@ -140,3 +142,28 @@ def fp8_experts(x: Tensor, ids: Tensor, codes: Tensor, scales: Tensor, up_offset
 def _(x, ids, codes, scales, up_offset, out_features, in_features):
     check_fake_devices("fp8_experts", x, ids, codes, scales)
     return x.new_empty(ids.shape[0], out_features)
+
+
+@linear_op("weighted_slots")
+def weighted_slots(picked: Tensor, weights: Tensor) -> Tensor:
+    """picked (rows, k, hidden) fp16 / bf16 / fp32, weights (rows, k) float32 -> (rows, hidden) float32: ``sum_j
+    picked[:, j] * weights[:, j]``, the k terms added in slot order, each row by itself."""
+    if (picked.dim() != 3 or picked.dtype not in (torch.float16, torch.bfloat16, torch.float32)
+            or weights.shape != picked.shape[:2] or weights.dtype != torch.float32 or picked.shape[1] == 0):
+        raise ValueError(f"weighted_slots: picked must be (rows, k, hidden) fp16 / bf16 / fp32 with k >= 1 and "
+                         f"weights (rows, k) float32; got {tuple(picked.shape)} {picked.dtype}, "
+                         f"{tuple(weights.shape)} {weights.dtype}")
+    if picked.is_cuda:
+        from ..kernels.triton.weighted_slots import weighted_slots as launch
+
+        return launch(picked if picked.stride(-1) == 1 else picked.contiguous(), weights)
+    out = picked[:, 0].float() * weights[:, :1]
+    for j in range(1, picked.shape[1]):
+        out = out + picked[:, j].float() * weights[:, j:j + 1]
+    return out
+
+
+@weighted_slots.register_fake
+def _(picked, weights):
+    check_fake_devices("weighted_slots", picked, weights)
+    return picked.new_empty(picked.shape[0], picked.shape[2], dtype=torch.float32)

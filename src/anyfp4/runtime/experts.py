@@ -14,8 +14,8 @@ How the experts run:
   ones weighted by zero, which needs no host value (slower by experts / top_k; the same row-independent ops as the
   eager path, so the same bits).
 
-A token's k outputs are added in float32 in the order of their rank, so a row's sum does not depend on which other
-rows share the call.
+A token's k outputs are added in float32 in the order of their rank (``torch.ops.anyfp4.weighted_slots``: one launch
+on a GPU), so a row's sum does not depend on which other rows share the call.
 """
 
 from __future__ import annotations
@@ -155,10 +155,7 @@ def weighted_experts(experts: nn.ModuleList, stacked: nn.Module | None, flat: to
         picked = every_expert(experts, flat, ids)
     else:
         picked = picked_experts(experts, flat, ids)
-    out = picked[:, 0].float() * weights[:, :1].float()
-    for j in range(1, ids.shape[1]):
-        out = out + picked[:, j].float() * weights[:, j:j + 1].float()
-    return out
+    return torch.ops.anyfp4.weighted_slots(picked, weights.float())
 
 
 def picked_experts(experts: nn.ModuleList, flat: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The chunked Gated DeltaNet kernels (kernels/gdn/chunked.py) against the pure-torch definitions on fresh random
 inputs, outputs poisoned first: Triton's CPU interpreter without a GPU (tiny sizes), natively with one. Prompts
 shorter than a chunk, a chunk exactly, several with a short last one; odd head sizes (padded to the products'
-16); left padding; a row's bits the same alone as in a batch, and a left-padded prompt's rows through the op as alone."""
+16); left padding; a row's bits the same alone as in a batch, and a left-padded prompt's rows through the op as
+alone."""
 
 import pytest
 import torch

@@ -31,8 +31,9 @@
    scale to its accumulator (FP8: the products straight into it); then the TILE_WORDS lanes are added by halving.
    A tile's sum starting from zero keeps the dependency chain across tiles one multiply-add long (2x at M = 1 on
    a 4096x4096 layer). On CPUs with bf16 dot products (AVX512_BF16), bf16 rows take them instead: a word's
-   values two at a time (NVFP4_BF16_ROWS, FP8_BF16_ROWS). Nothing depends on how many rows of x share the call or how the
-   output rows are split between threads, so a row's bits do not depend on M. */
+   values two at a time (NVFP4_BF16_ROWS, FP8_BF16_ROWS), and on CPUs with AMX tiles the tiles (AMX_PATH below: a row
+   block decoded once to exact bf16 weights for up to 64 rows of x). Nothing depends on how many rows of x share the
+   call or how the output rows are split between threads, so a row's bits do not depend on M. */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -312,8 +313,8 @@ static inline uint32_t scaled_bf16(uint16_t h, int shift) {
     return h + ((uint32_t)shift << 7);
 }
 
-/* x (rows, k) bf16 times 2^shift -> x's B tiles: for group g (rows 16g..16g+15 of x) and chunk c, 16 pair rows of `cols`
-   dwords at xb + (g * chunks + c) * 16 * cols; pair row d's dword i holds row 16g + i's bf16 values at
+/* x (rows, k) bf16 times 2^shift -> x's B tiles: for group g (rows 16g..16g+15 of x) and chunk c, 16 pair rows of
+   `cols` dwords at xb + (g * chunks + c) * 16 * cols; pair row d's dword i holds row 16g + i's bf16 values at
    k = kpair[(c % per_tile) * 32 + 2d] (low half) and kpair[.. + 2d + 1] (high half) of tile c / per_tile; zero
    past K and past the rows */
 static uint32_t *amx_pairs(const uint16_t *x, int64_t ldx, int64_t rows, int64_t k, int64_t chunks, int per_tile,
@@ -446,7 +447,8 @@ static void amx_store(const amx_x *xs, int64_t g0, int gn, int64_t nb, int r0, i
 /* bs: the lane's scale byte at fp16 bits 7..13 in both halves of its dword (scale_pairs: each lane's byte twice) */
 #define NVFP4_AMX_DECODE                                                                                        \
                 const __m512i w = _mm512_loadu_si512(block + r * word_row + t * word_tile);                 \
-                _mm_prefetch((const char *)(block + r * word_row + (t + AMX_PREFETCH_TILES) * word_tile), _MM_HINT_T0); \
+                _mm_prefetch((const char *)(block + r * word_row + (t + AMX_PREFETCH_TILES) * word_tile),  \
+                             _MM_HINT_T0);                                                                  \
                 if (r < 2) _mm_prefetch((const char *)(sblock + (t + AMX_PREFETCH_TILES) * scale_tile + r * 64),  \
                                         _MM_HINT_T0);                                                       \
                 const __m256i sbytes = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(                      \
@@ -496,7 +498,8 @@ static int nvfp4_amx_linear_rows(const uint32_t *codes, const uint8_t *scales, c
 
 #define FP8_AMX_DECODE                                                                                          \
                 const __m512i w = _mm512_loadu_si512(block + r * word_row + t * word_tile);                 \
-                _mm_prefetch((const char *)(block + r * word_row + (t + AMX_PREFETCH_TILES) * word_tile), _MM_HINT_T0); \
+                _mm_prefetch((const char *)(block + r * word_row + (t + AMX_PREFETCH_TILES) * word_tile),  \
+                             _MM_HINT_T0);                                                                  \
                 FP8_AMX_PAIR(0) FP8_AMX_PAIR(1)
 
 static int fp8_amx_linear_rows(const uint32_t *codes, const float *row_scale, const uint16_t *x, int64_t ldx,
