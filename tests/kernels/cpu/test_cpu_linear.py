@@ -332,6 +332,17 @@ def test_bf16_rows_do_not_depend_on_the_call(bf16_libraries, build, fmt, monkeyp
 
 
 @pytest.mark.parametrize("build", BF16_BUILDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_no_rows_give_an_empty_result(bf16_libraries, build, dtype):
+    """A call with no rows of x (an empty batch) returns (0, N) without touching the tiles."""
+    gen = torch.Generator().manual_seed(4)
+    lib = bf16_libraries[build]
+    x = torch.zeros(0, 272, dtype=dtype)
+    assert cpu_linear.nvfp4_rows(lib, x, prepack_nvfp4(random_nvfp4(40, 272, gen)), (0,), 1.0).shape == (0, 40)
+    assert cpu_linear.fp8_rows(lib, x, prepack_fp8(random_fp8(40, 272, gen)), (0,), True).shape == (0, 40)
+
+
+@pytest.mark.parametrize("build", BF16_BUILDS)
 def test_bf16_gated_bias_and_partial_through_the_ops(bf16_libraries, build, monkeypatch):
     """bf16 rows through the ops: the up half of a gated prepack (rows from its offset), bias, partial sums, odd
     N and K; every output written (the output buffer starts as NaN)."""

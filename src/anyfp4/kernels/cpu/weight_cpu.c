@@ -475,6 +475,7 @@ static int nvfp4_amx_linear_rows(const uint32_t *codes, const uint8_t *scales, c
     _Float16 values[32];  /* code * 2^5, every code twice: a permute index's bit 4 is anything */
     for (int c = 0; c < 32; c++) values[c] = (_Float16)((c & 8 ? -32.0f : 32.0f) * e2m1[c & 7]);
     const __m512i table = _mm512_loadu_si512(values);
+    if (rows == 0) return 0;
     AMX_SETUP(4, (int64_t)TILE_WORDS * 8)
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const uint32_t *block = codes + (b0 / TILE_ROWS) * word_rowblock;
@@ -515,6 +516,7 @@ static int fp8_amx_linear_rows(const uint32_t *codes, const float *row_scale, co
     uint16_t values[32] = {0};
     for (int m = 0; m < 8; m++) values[m] = (uint16_t)(as_bits((float)m * 0.001953125f) >> 16); /* m * 2^-9 */
     const __m512i subnormals = _mm512_loadu_si512(values);
+    if (rows == 0) return 0;
     AMX_SETUP(2, (int64_t)TILE_WORDS * 4)
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const uint32_t *block = codes + (b0 / TILE_ROWS) * word_rowblock;
