@@ -222,13 +222,16 @@ EVERY_MB(FP8_ROWS)
    at 15 of a half, e4m3 * 2^-120), rebiased by 120 in the exponent (exact for every normal E4M3 value), the
    halves with a zero exponent field (E4M3 subnormals and zero) taken from a table instead; then one dot product
    per row of x with x's pair, into the accumulator (exact products, the instruction's fixed order). */
+static inline __m512i fp8_bf16_pairs(__m512i bits, __m512i subnormals) {
+    const __mmask32 sub = _mm512_testn_epi16_mask(bits, _mm512_set1_epi16(0x0780));
+    __m512i v = _mm512_add_epi32(bits, _mm512_set1_epi32(0x3C003C00));
+    v = _mm512_mask_permutexvar_epi16(v, sub, _mm512_srli_epi16(bits, 4), subnormals);
+    return _mm512_ternarylogic_epi32(v, bits, _mm512_set1_epi32((int)0x80008000u), 0xF8);
+}
+
 #define FP8_BF16_STEP(p)                                                                                        \
             {                                                                                               \
-                const __m512i bits = FP8_PAIR_BITS_##p(w);                                                  \
-                const __mmask32 sub = _mm512_testn_epi16_mask(bits, _mm512_set1_epi16(0x0780));             \
-                __m512i v = _mm512_add_epi32(bits, _mm512_set1_epi32(0x3C003C00));                          \
-                v = _mm512_mask_permutexvar_epi16(v, sub, _mm512_srli_epi16(bits, 4), subnormals);          \
-                v = _mm512_ternarylogic_epi32(v, bits, _mm512_set1_epi32((int)0x80008000u), 0xF8);          \
+                const __m512i v = fp8_bf16_pairs(FP8_PAIR_BITS_##p(w), subnormals);                         \
                 for (int m = 0; m < mb; m++)                                                                \
                     acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)v,                                          \
                         (__m512bh)_mm512_loadu_si512(xq + (m * tiles * 2 + p) * TILE_WORDS));              \
@@ -488,14 +491,7 @@ static int nvfp4_amx_linear_rows(const uint32_t *codes, const uint8_t *scales, c
 /* FP8: pair p of every word of a tile row as one A row, as FP8_BF16_STEP decodes it (word j's values a and b of
    FP8_PAIR_BYTES in dword j) */
 #define FP8_AMX_PAIR(p)                                                                                         \
-            {                                                                                               \
-                const __m512i bits = FP8_PAIR_BITS_##p(w);                                                  \
-                const __mmask32 sub = _mm512_testn_epi16_mask(bits, _mm512_set1_epi16(0x0780));             \
-                __m512i v = _mm512_add_epi32(bits, _mm512_set1_epi32(0x3C003C00));                          \
-                v = _mm512_mask_permutexvar_epi16(v, sub, _mm512_srli_epi16(bits, 4), subnormals);          \
-                v = _mm512_ternarylogic_epi32(v, bits, _mm512_set1_epi32((int)0x80008000u), 0xF8);          \
-                _mm512_store_si512(dst + ((p) * 16 + r) * 16, v);                                            \
-            }
+            _mm512_store_si512(dst + ((p) * 16 + r) * 16, fp8_bf16_pairs(FP8_PAIR_BITS_##p(w), subnormals));
 
 #define FP8_AMX_DECODE                                                                                          \
                 const __m512i w = _mm512_loadu_si512(block + r * word_row + t * word_tile);                 \
