@@ -23,7 +23,9 @@ formats share; ``ops.checks``: argument checks; ``ops.registry``: how the quanti
   experts' NVFP4 linears for a step's (token, expert) pairs, the experts' prepacks stacked (E, ...), expert
   ``ids[p]`` for pair p of row ``p // (pairs / rows)``: one Triton launch on CUDA (``kernels.triton.nvfp4_experts``),
   the reference pair by pair elsewhere; ``dense_experts(x, ids, weights, gated, out_features, in_features)`` the
-  same over float weights stacked (E, rows, K) (``kernels.triton.dense_experts``).
+  same over float weights stacked (E, rows, K) (``kernels.triton.dense_experts``); ``weighted_slots(picked,
+  weights)``: each token's k expert outputs times their routing weights, added in float32 in slot order (one
+  launch on CUDA, ``kernels.triton.weighted_slots``).
 - ``small_attention(q, k_cache, v_cache, mask, input_pos, key_start=None)``: grouped-query attention of t <= 32
   new positions over the static KV cache (``kernels.glue.small_attention``), (b, t, h, hd) out; CUDA only.
   ``key_start`` (b,): each sequence's first valid slot (a left-padded batch: its rows then get the bits they get
