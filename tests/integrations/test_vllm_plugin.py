@@ -65,6 +65,16 @@ def anyfp4_greedy(ckpt, prompt, n, dtype=torch.float32):
     return generate(model, [prompt], SamplingParams(max_new_tokens=n))[0]
 
 
+def runner_logits(ckpt, tokens, dtype):
+    """The runner's logits (float32) after each of ``tokens``, one pass."""
+    from anyfp4.runtime.loader import load_model
+
+    model, _ = load_model(ckpt, "cpu", dtype, progress=False)
+    model.setup_caches(1, len(tokens) + 8)
+    with torch.no_grad():
+        return model(torch.tensor([tokens]), torch.arange(len(tokens)))[0].float()
+
+
 def vision_stub_if_needed():
     """vLLM's Qwen3.5 imports its Qwen3-VL code, which imports torchvision at module level (through transformers);
     this environment has none that loads against CPU torch. Text-only models never call it: a stand-in module
@@ -110,7 +120,13 @@ def test_vllm_serves_a_qwen3_5_hybrid_as_the_runner_does(hybrids, fmt):
                                                                              detokenize=False))
     tokens = list(out[0].outputs[0].token_ids)
     del llm
-    assert tokens == anyfp4_greedy(hybrids[fmt], prompt, 12, torch.bfloat16)
+    runner = anyfp4_greedy(hybrids[fmt], prompt, 12, torch.bfloat16)
+    if tokens != runner:  # vLLM's Gated DeltaNet kernels round otherwise than the runner's (bf16): where the runner's
+        # two best logits are a rounding apart, greedy may part there (seen: 1 bf16 ulp, 0.004 of a spread of 0.22)
+        first = next(i for i, (a, b) in enumerate(zip(tokens, runner)) if a != b)
+        logits = runner_logits(hybrids[fmt], prompt + runner[:first], torch.bfloat16)[-1]
+        gap = (logits.max() - logits[tokens[first]]).item()
+        assert gap <= 0.05 * logits.std().item() and first >= 4, (first, gap, tokens, runner)
     ran = {k: plugin.APPLY_CALLS[k] - before[k] for k in before}
     assert (ran["nvfp4"] > 0) == (fmt != "fp8") and (ran["fp8"] > 0) == (fmt != "nvfp4"), ran
 
