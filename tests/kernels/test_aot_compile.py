@@ -25,6 +25,7 @@ from anyfp4.kernels.gdn.step import conv_kernel, delta_rule_kernel, gated_norm_k
 from anyfp4.kernels.triton.dense_experts import dense_experts_kernel
 from anyfp4.kernels.triton.dense_gemv import dense_gemv_kernel
 from anyfp4.kernels.triton.nvfp4_experts import nvfp4_experts_kernel
+from anyfp4.kernels.triton.route_topk import route_topk_kernel
 from anyfp4.kernels.triton.weighted_slots import weighted_slots_kernel
 from anyfp4.kernels.glue.rms_norm import add_rms_norm_kernel, rms_norm_kernel
 from anyfp4.kernels.glue.rope_cache import rope_cache_kernel
@@ -191,9 +192,14 @@ def experts_kernels_compile(act, cc):
                                                "N_OUT", "K", "PAIRS_PER_ROW", "stride_x", "stride_we", "stride_wn",
                                                "stride_o")}},
                     {"BLOCK_N": 4, "BLOCK_K": 512, "GATED": gated, "INTERPRET": False}, cc)
-    strides = ("K", "H", "stride_pr", "stride_pk", "stride_wr", "stride_wk", "stride_or")
+    strides = ("H", "stride_pr", "stride_pk", "stride_wr", "stride_wk", "stride_or")
     compile_for(weighted_slots_kernel, {"p_ptr": f"*{act}", "w_ptr": "*fp32", "out_ptr": "*fp32",
-                                        **{n: "i32" for n in strides}}, {"BLOCK": 1024}, cc)
+                                        **{n: "i32" for n in strides}}, {"K": 8, "BLOCK": 512}, cc)
+    for experts, k, normalize in ((128, 8, True), (8, 2, False)):  # Qwen3 MoE, Mixtral
+        compile_for(route_topk_kernel, {"logits_ptr": f"*{act}", "ids_ptr": "*i32", "weights_ptr": "*fp32",
+                                        **{n: "i32" for n in ("E", "stride_l", "stride_i", "stride_w")}},
+                    {"K": k, "K_POW2": k, "BLOCK_E": experts, "NORMALIZE": normalize, "EARLY": early_for(cc)}, cc,
+                    num_warps=1)
 
 
 def gdn_kernels_compile(act, cc):

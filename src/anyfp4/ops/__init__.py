@@ -25,7 +25,9 @@ formats share; ``ops.checks``: argument checks; ``ops.registry``: how the quanti
   the reference pair by pair elsewhere; ``dense_experts(x, ids, weights, gated, out_features, in_features)`` the
   same over float weights stacked (E, rows, K) (``kernels.triton.dense_experts``); ``weighted_slots(picked,
   weights)``: each token's k expert outputs times their routing weights, added in float32 in slot order (one
-  launch on CUDA, ``kernels.triton.weighted_slots``).
+  launch on CUDA, ``kernels.triton.weighted_slots``); ``route_topk(logits, k, normalize)``: each token's k most
+  probable experts (int32 ids, highest first) and their softmax probabilities, renormalized over the k when asked
+  (one launch on CUDA, ``kernels.triton.route_topk``; ``ops.routing``).
 - ``small_attention(q, k_cache, v_cache, mask, input_pos, key_start=None)``: grouped-query attention of t <= 32
   new positions over the static KV cache (``kernels.glue.small_attention``), (b, t, h, hd) out; CUDA only.
   ``key_start`` (b,): each sequence's first valid slot (a left-padded batch: its rows then get the bits they get
@@ -55,6 +57,6 @@ GEMV at M = 1, dequantize + cuBLAS above). On the CPU: the C kernels (``kernels.
 pure-torch reference. Launch configs come from ``dispatch.tuning``.
 """
 
-from . import experts, fp8, gdn, glue, nvfp4  # registers torch.ops.anyfp4.*
+from . import experts, fp8, gdn, glue, nvfp4, routing  # registers torch.ops.anyfp4.*
 
-__all__ = ["experts", "fp8", "gdn", "glue", "nvfp4"]
+__all__ = ["experts", "fp8", "gdn", "glue", "nvfp4", "routing"]

@@ -119,15 +119,8 @@ class MixtureOfExperts(nn.Module):
         self.stacked = stacked_experts(experts)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (n, hidden) -> each row's top_k expert ids (n, k) and weights (n, k) float32, highest first."""
-        probs = torch.softmax(self.router(x).float(), dim=-1)
-        weights, ids = torch.topk(probs, self.shape.top_k, dim=-1)
-        if self.shape.norm_topk_prob:
-            total = weights[:, :1]
-            for j in range(1, self.shape.top_k):  # in rank order, elementwise: the same bits in any batch
-                total = total + weights[:, j:j + 1]
-            weights = weights / total
-        return ids, weights
+        """x (n, hidden) -> each row's top_k expert ids (n, k) int32 and weights (n, k) float32, highest first."""
+        return torch.ops.anyfp4.route_topk(self.router(x), self.shape.top_k, self.shape.norm_topk_prob)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.partial(x).to(x.dtype)

@@ -12,18 +12,18 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK, NUM_WARPS = 1024, 4
+BLOCK, NUM_WARPS = 512, 4
 
 
 @triton.jit
-def weighted_slots_kernel(p_ptr, w_ptr, out_ptr, K, H, stride_pr, stride_pk, stride_wr, stride_wk, stride_or,
-                          BLOCK: tl.constexpr):
+def weighted_slots_kernel(p_ptr, w_ptr, out_ptr, H, stride_pr, stride_pk, stride_wr, stride_wk, stride_or,
+                          K: tl.constexpr, BLOCK: tl.constexpr):
     r, hb = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = hb * BLOCK + tl.arange(0, BLOCK)
     inside = cols < H
     row = p_ptr + r * stride_pr
     acc = tl.load(row + cols, mask=inside, other=0.0).to(tl.float32) * tl.load(w_ptr + r * stride_wr)
-    for j in range(1, K):
+    for j in tl.static_range(1, K):  # every slot's load in flight at once
         term = tl.load(row + j * stride_pk + cols, mask=inside, other=0.0).to(tl.float32)
         acc += term * tl.load(w_ptr + r * stride_wr + j * stride_wk)
     tl.store(out_ptr + r * stride_or + cols, acc, mask=inside)
@@ -36,6 +36,6 @@ def weighted_slots(picked: torch.Tensor, weights: torch.Tensor, out: torch.Tenso
         out = torch.empty(rows, hidden, dtype=torch.float32, device=picked.device)
     if rows:
         weighted_slots_kernel[(rows, triton.cdiv(hidden, BLOCK))](
-            picked, weights, out, k, hidden, picked.stride(0), picked.stride(1), weights.stride(0),
-            weights.stride(1), out.stride(0), BLOCK=BLOCK, num_warps=NUM_WARPS)
+            picked, weights, out, hidden, picked.stride(0), picked.stride(1), weights.stride(0),
+            weights.stride(1), out.stride(0), K=k, BLOCK=BLOCK, num_warps=NUM_WARPS)
     return out
