@@ -3,7 +3,13 @@
 step's distinct experts hold against the copy bandwidth.
 
     PYTHONPATH=src python benchmarks/kernels/experts.py --out benchmarks/results/experts_h200.json \
-        [--shape qwen3-30b-a3b] [--batch 1 4 16] [--commit C]
+        [--shape qwen3-30b-a3b] [--batch 1 4 16] [--formats nvfp4 nvfp4-triton fp8 fp8-triton bf16] [--sweep]
+        [--commit C]
+
+``nvfp4`` / ``fp8`` run what the ops choose (on sm_80+ the CUDA decode kernel's grouped launch), ``-triton`` the
+Triton expert kernels (``ANYFP4_KERNELS=triton``). ``--sweep``: the CUDA grouped launch also under other launch
+configs (K warps, ring depth, warps per block) than ``dispatch.tuning.experts_mma_config``'s, rows tagged ``config``
+(a launch whose steps its K warps do not divide keeps the chosen config).
 
 Each timed call routes its tokens to experts drawn at random (top-k distinct per token, a fixed seed), over enough
 copies of the stacked experts that a call's experts are not in the L2 cache from the call before; calls are CUDA-graph
@@ -15,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 import math
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -23,6 +31,9 @@ from pathlib import Path
 import torch
 
 import anyfp4.ops  # noqa: F401  (registers the ops)
+from anyfp4.dispatch import tuning
+from anyfp4.dispatch.configs import MMAConfig
+from anyfp4.kernels.cuda.weight_mma import STEP_K, k_warps_refusal
 from anyfp4.bench.random_weights import random_bf16, random_fp8, random_nvfp4
 from anyfp4.bench.timing import ROTATE_BYTES, copy_bandwidth, graph_seconds
 from anyfp4.nn.linear import GatedMLP
@@ -67,33 +78,54 @@ def routings(count: int, rows: int, shape: dict, gen: torch.Generator) -> list[t
             for _ in range(count)]
 
 
+SWEEP = [MMAConfig(mt=1, warps=w, split_k=1, kw=kw, depth=d) for w, kw, d in
+         ((4, 4, 4), (4, 2, 4), (4, 1, 4), (8, 4, 4), (8, 8, 2), (8, 2, 4), (4, 4, 2), (2, 2, 4), (8, 8, 4))]
+
+
+def timed(fmt, shape, layers, one, batch, reps, gen, copy) -> dict:
+    x = torch.randn(batch, shape["hidden"], generator=gen, device="cuda").bfloat16()
+    ids = routings(reps, batch, shape, gen)
+    seconds = graph_seconds(lambda i: layers[i % len(layers)](x, ids[i]), reps=reps)
+    distinct = sum(len(torch.unique(r)) for r in ids) / len(ids)
+    moved = distinct * one
+    return {"format": fmt, "batch": batch, "us": seconds * 1e6, "distinct_experts": distinct, "bytes": moved,
+            "GBps": moved / seconds / 1e9, "pct_of_copy": 100 * moved / seconds / copy if copy else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--formats", nargs="+", default=["nvfp4", "fp8", "bf16"])
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--out", type=Path, default=Path("experts.json"))
     args = ap.parse_args()
     shape = SHAPES[args.shape]
     copy = copy_bandwidth(torch.device("cuda"))
     rows_out, gen = [], torch.Generator(device="cuda").manual_seed(0)
-    for fmt in args.formats:
+    chosen = tuning.experts_mma_config
+    for arm in args.formats:
+        fmt, triton_arm = arm.removesuffix("-triton"), arm.endswith("-triton")
+        if triton_arm:
+            os.environ["ANYFP4_KERNELS"] = "triton"
         first, one = build(fmt, shape, gen)
         layers = [first] + [build(fmt, shape, gen)[0] for _ in range(math.ceil(ROTATE_BYTES / (one * shape["experts"])))]
-        for batch in args.batch:
-            x = torch.randn(batch, shape["hidden"], generator=gen, device="cuda").bfloat16()
-            ids = routings(args.reps, batch, shape, gen)
-            seconds = graph_seconds(lambda i: layers[i % len(layers)](x, ids[i]), reps=args.reps)
-            distinct = sum(len(torch.unique(r)) for r in ids) / len(ids)
-            moved = distinct * one
-            rows_out.append({"format": fmt, "batch": batch, "us": seconds * 1e6, "distinct_experts": distinct,
-                             "bytes": moved, "GBps": moved / seconds / 1e9,
-                             "pct_of_copy": 100 * moved / seconds / copy if copy else None})
-            r = rows_out[-1]
-            print(f"{fmt:6s} batch {batch:3d}: {r['us']:8.1f} us, {distinct:5.1f} experts, {r['GBps']:7.1f} GB/s, "
-                  f"{r['pct_of_copy']:5.1f}% of copy", flush=True)
+        configs = [None] + (SWEEP if args.sweep and fmt != "bf16" and not triton_arm else [])
+        for config in configs:
+            if config is not None:
+                tuning.experts_mma_config = lambda k_pad, f, c=config: (
+                    c if k_warps_refusal(c, k_pad // STEP_K[f]) is None else chosen(k_pad, f))
+            for batch in args.batch:
+                r = timed(arm, shape, layers, one, batch, args.reps, gen, copy)
+                if config is not None:
+                    r["config"] = asdict(config)  # where its K warps divide a launch's steps, else the chosen
+                rows_out.append(r)
+                print(f"{arm:12s} batch {batch:3d}: {r['us']:8.1f} us, {r['distinct_experts']:5.1f} experts, "
+                      f"{r['GBps']:7.1f} GB/s, {r['pct_of_copy']:5.1f}% of copy {r.get('config', '')}", flush=True)
+            tuning.experts_mma_config = chosen
+        os.environ.pop("ANYFP4_KERNELS", None)
         del layers, first
         torch.cuda.empty_cache()
     for r in rows_out:

@@ -294,8 +294,8 @@ inline int run_block(int threads) {
     }
 }
 
-// Every block of the grid, x fastest; returns 0, or 1 with the first error in `err`.
-inline int run_grid(int gx, int gy, int threads, void (*body)(), char* err, int errlen) {
+// Every block of the grid, x fastest, then y, then z; returns 0, or 1 with the first error in `err`.
+inline int run_grid(int gx, int gy, int gz, int threads, void (*body)(), char* err, int errlen) {
     if (threads % 32 != 0 || threads > MAX_THREADS) {
         std::snprintf(err, errlen, "block of %d threads: need a multiple of 32 up to %d", threads, MAX_THREADS);
         return 1;
@@ -307,16 +307,17 @@ inline int run_grid(int gx, int gy, int threads, void (*body)(), char* err, int 
     struct Release { ~Release() { std::vector<Fiber>().swap(fibers); } } release;
     fibers.assign(threads, Fiber{});
     for (auto& f : fibers) f.stack.resize(128 * 1024);
-    gridDim = {(unsigned)gx, (unsigned)gy, 1};
+    gridDim = {(unsigned)gx, (unsigned)gy, (unsigned)gz};
     blockDim = {(unsigned)threads, 1, 1};
-    for (int y = 0; y < gy; ++y)
-        for (int x = 0; x < gx; ++x) {
-            blockIdx = {(unsigned)x, (unsigned)y, 0};
-            if (run_block(threads)) {
-                std::snprintf(err, errlen, "%s", error);
-                return 1;
+    for (int z = 0; z < gz; ++z)
+        for (int y = 0; y < gy; ++y)
+            for (int x = 0; x < gx; ++x) {
+                blockIdx = {(unsigned)x, (unsigned)y, (unsigned)z};
+                if (run_block(threads)) {
+                    std::snprintf(err, errlen, "%s", error);
+                    return 1;
+                }
             }
-        }
     if (fault[0]) {
         std::snprintf(err, errlen, "%s", fault);
         return 1;

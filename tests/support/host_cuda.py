@@ -17,20 +17,21 @@ import torch
 from anyfp4.kernels.cuda import weight_mma
 
 HEADER = Path(__file__).with_name("host_cuda.h")
-N_POINTERS, N_INTS = 8, 11  # anyfp4_weight_mma's parameters
+N_POINTERS, N_INTS = 9, 15  # anyfp4_weight_mma's parameters (pointers and ints in the launch's argument order)
 LAUNCH = """
-static void* host_ptrs[8];
-static int host_ints[11];
+static void* host_ptrs[9];
+static int host_ints[15];
 static void host_body() {
     const int* i = host_ints;
     anyfp4_weight_mma((const u16*)host_ptrs[0], (const uint4*)host_ptrs[1], (const u16*)host_ptrs[2],
                       (const float*)host_ptrs[3], (const u16*)host_ptrs[4], host_ptrs[5], (float*)host_ptrs[6],
-                      (int*)host_ptrs[7], i[0], i[1], i[2], i[3], i[4], i[5], i[6], i[7], i[8], i[9], i[10]);
+                      (int*)host_ptrs[7], i[0], i[1], i[2], i[3], i[4], i[5], i[6], i[7], i[8], i[9], i[10],
+                      (const int*)host_ptrs[8], i[11], i[12], i[13], i[14]);
 }
-extern "C" int host_launch(int gx, int gy, int threads, void** ptrs, const int* ints, char* err, int errlen) {
-    for (int k = 0; k < 8; ++k) host_ptrs[k] = ptrs[k];
-    for (int k = 0; k < 11; ++k) host_ints[k] = ints[k];
-    return host::run_grid(gx, gy, threads, host_body, err, errlen);
+extern "C" int host_launch(int gx, int gy, int gz, int threads, void** ptrs, const int* ints, char* err, int errlen) {
+    for (int k = 0; k < 9; ++k) host_ptrs[k] = ptrs[k];
+    for (int k = 0; k < 15; ++k) host_ints[k] = ints[k];
+    return host::run_grid(gx, gy, gz, threads, host_body, err, errlen);
 }
 """
 
@@ -62,13 +63,14 @@ def _library(defines: tuple) -> ctypes.CDLL:
 def run(plan: weight_mma.Launch) -> torch.Tensor:
     """Run a planned launch (CPU tensors, no early launch) and return its output."""
     assert plan.defines["EARLY"] == 0, "the host build has no programmatic dependent launch"
-    tensors, ints = plan.args[:N_POINTERS], plan.args[N_POINTERS:]
-    assert len(ints) == N_INTS and all(t.device.type == "cpu" for t in tensors)
+    tensors = [a for a in plan.args if isinstance(a, torch.Tensor)]
+    ints = [a for a in plan.args if not isinstance(a, torch.Tensor)]
+    assert len(tensors) == N_POINTERS and len(ints) == N_INTS and all(t.device.type == "cpu" for t in tensors)
     lib = _library(tuple(sorted(plan.defines.items())))
     pointers = (ctypes.c_void_p * N_POINTERS)(*[t.data_ptr() for t in tensors])
     values = (ctypes.c_int * N_INTS)(*ints)
     err = ctypes.create_string_buffer(512)
-    if lib.host_launch(plan.grid[0], plan.grid[1], plan.threads, pointers, values, err, len(err)):
+    if lib.host_launch(plan.grid[0], plan.grid[1], plan.grid[2], plan.threads, pointers, values, err, len(err)):
         raise RuntimeError(f"weight_mma.cu on the host: {err.value.decode()}")
     return plan.out
 

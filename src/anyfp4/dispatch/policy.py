@@ -102,3 +102,9 @@ def decode_rows_invariant(sm: int | None, mma_enabled: bool) -> bool:
     kernels and the CUDA decode kernel do; the Triton path does not (a GEMV at M = 1, the decode kernel or
     dequantize + cuBLAS above, each M bucket with its own split)."""
     return sm is None or mma_enabled
+
+
+def experts_on_cuda_mma(sm: int | None, mma_enabled: bool, dtype_is_half: bool) -> bool:
+    """Whether a mixture of experts' grouped NVFP4 / FP8 op runs the CUDA decode kernel's grouped launch (a GPU
+    it serves, fp16 / bf16 activations); else its Triton kernel (GPU) or the reference (CPU)."""
+    return sm is not None and mma_enabled and dtype_is_half

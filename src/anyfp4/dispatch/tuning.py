@@ -89,3 +89,16 @@ def mma_config(sm: int, sms: int, fmt: str, gated: bool, n: int, k: int, k_pad: 
         one = _mma_entry((sm, fmt, gated, k, n, 1)) or mma_heuristic_config(n, k_pad, 1, sms, gated, fmt)
         split_k = k_slices(one)
     return spread_slices(c, split_k, k_pad // STEP_K[fmt], m, gated, fmt)
+
+
+def experts_mma_config(k_pad: int, fmt: str) -> MMAConfig:
+    """A grouped expert launch of the CUDA decode kernel (one activation row a pair, no split-K): blocks of four
+    warps over 16-row tiles, as many of them K warps (up to four, a power of two dividing the steps) as leave each
+    at least two steps, and a ring deep enough to have a K warp's whole slice (up to four steps) in flight. A
+    function of the shape alone, so a pair's bits do not depend on how many pairs a step has."""
+    steps = k_pad // STEP_K[fmt]
+    kw = 4
+    while kw > 1 and (steps % kw or steps // kw < 2):
+        kw //= 2
+    per_warp = steps // kw
+    return MMAConfig(mt=1, warps=4, split_k=1, kw=kw, depth=4 if per_warp >= 3 else 2 if per_warp == 2 else 1)

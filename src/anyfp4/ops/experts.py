@@ -53,6 +53,31 @@ def _check(x: Tensor, ids: Tensor, codes: Tensor, scales: Tensor, global_scales:
     _check_rows(name, codes, 8, up_offset, out_features, in_features)
 
 
+def _cuda_mma(x: Tensor) -> bool:
+    """The policy's choice for a grouped NVFP4 / FP8 op on this GPU (``dispatch.policy.experts_on_cuda_mma``)."""
+    from ..dispatch.policy import experts_on_cuda_mma
+    from ..kernels import device
+    from ..kernels.cuda import weight_mma
+
+    sm = device.device_arch(x.device.index)[0]
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    return experts_on_cuda_mma(sm, half and weight_mma.enabled(sm, x.dtype), half)
+
+
+def _grouped_mma(fmt: str, x: Tensor, ids: Tensor, codes: Tensor, block_scales: Tensor | None, gscale: Tensor,
+                 up_offset: int, out_features: int) -> Tensor:
+    """The CUDA decode kernel's grouped launch (``kernels.cuda.weight_mma.experts_mma``), its config from the
+    shape alone (``dispatch.tuning.experts_mma_config``)."""
+    from ..dispatch.tuning import experts_mma_config
+    from ..kernels.cuda import weight_mma
+
+    if ids.shape[0] == 0:
+        return x.new_empty(0, out_features)
+    k_pad = codes.shape[2] * weight_mma.K_PER_WORD[fmt]
+    return weight_mma.experts_mma(fmt, x if x.stride(1) == 1 else x.contiguous(), ids, codes, block_scales, gscale,
+                                  out_features, up_offset, experts_mma_config(k_pad, fmt))
+
+
 def _expert(codes, scales, global_scales, e: int, up_offset: int, out_features: int, in_features: int):
     return NVFP4Prepacked(codes[e], scales[e], global_scales[e:e + 1], out_features, in_features, up_offset)
 
@@ -62,6 +87,8 @@ def nvfp4_experts(x: Tensor, ids: Tensor, codes: Tensor, scales: Tensor, global_
                   out_features: int, in_features: int) -> Tensor:
     """x (rows, in_features), ids (pairs,) int32 -> (pairs, out_features) in x's dtype."""
     _check(x, ids, codes, scales, global_scales, up_offset, out_features, in_features)
+    if x.is_cuda and _cuda_mma(x):
+        return _grouped_mma("nvfp4", x, ids, codes, scales, global_scales, up_offset, out_features)
     if x.is_cuda:
         from ..kernels.triton.nvfp4_experts import nvfp4_experts_gemv
 
@@ -126,6 +153,8 @@ def fp8_experts(x: Tensor, ids: Tensor, codes: Tensor, scales: Tensor, up_offset
                          f"(E, N_pad) float32; got {tuple(codes.shape)} {codes.dtype}, {tuple(scales.shape)} "
                          f"{scales.dtype}")
     _check_rows(name, codes, 4, up_offset, out_features, in_features)
+    if x.is_cuda and _cuda_mma(x):
+        return _grouped_mma("fp8", x, ids, codes, None, scales, up_offset, out_features)
     if x.is_cuda:
         from ..kernels.triton.fp8_experts import fp8_experts_gemv
 

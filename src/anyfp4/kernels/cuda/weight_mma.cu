@@ -60,7 +60,12 @@
 // weights, which no kernel writes — while the previous kernel finishes, and waits for it (griddepcontrol.wait)
 // before it reads the activations or writes anything; it lets the next such kernel start as soon as all its own
 // blocks run (griddepcontrol.launch_dependents), since that kernel too waits before it reads or writes anything
-// a kernel writes); and the constants of the tile layout, the staging and the
+// a kernel writes); EXPERTS (a mixture of experts' grouped launch: block z runs pair z = blockIdx.z of a decode
+// step's (token, expert) pairs — expert ids[z]'s prepack, found expert_c4 / expert_s2 / expert_g (codes in uint4,
+// scales in u16, global or row scales in floats) on from the first expert's, over activation row z / pairs_per_row,
+// into output row z; M = 1 and no split-K, so a pair gets the bits this launch gives that row with that expert alone;
+// the ids come from the kernel before, so an early block waits before anything); and the constants of the tile
+// layout, the staging and the
 // decode (STEP, X_T, X_Q, XS_PAD, TILE_ROWS, TILE_WORDS, TILE_BLOCKS, SCALE_PERM_BASE, SCALE_PERM_STEP, SCALE_MUL,
 // SCALE_ADD, FP8_BF16_RESCALE, UNIT), which kernels/cuda/weight_mma_defines.py works out from packing/layout.py and
 // the formats. The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
@@ -309,6 +314,12 @@ __device__ __forceinline__ void quad_pairs_to_c(float* q, float* c, int lane) {
 #ifndef VEC_X
 #error "VEC_X (16-byte aligned activation rows, K % 8 == 0) must be defined"
 #endif
+#ifndef EXPERTS
+#define EXPERTS 0
+#endif
+#if EXPERTS && SPLIT != 1
+#error "a grouped expert launch (EXPERTS) has one activation row per pair and no split-K"
+#endif
 #define LEAVES (SPLIT & -SPLIT)
 #define PER_LEAF (SPLIT / LEAVES)
 __device__ __forceinline__ float sum_slices(const float* p, long long stride) {
@@ -404,12 +415,27 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const float* __restrict__ gscale, const u16* __restrict__ bias, void* __restrict__ out,
     float* __restrict__ partial, int* __restrict__ counters,
     int M, int K, int N_OUT, int up_offset, int rows_total, int stride_c4, int stride_s2, int stride_xm,
-    int stride_om, int nsteps, int kc) {
+    int stride_om, int nsteps, int kc, const int* __restrict__ ids, int pairs_per_row, int expert_c4, int expert_s2,
+    int expert_g) {
     const int xs_stride = kc / 2 + XS_PAD;  // u32 per staged row
     const int round_steps = kc / STEP;
 
 #if EARLY
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+#if EXPERTS
+#if EARLY
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // the ids (and the activations) come from the kernel before
+#endif
+    {
+        const int pair = blockIdx.z;
+        const long long expert = ids[pair];
+        codes += expert * expert_c4;
+        scales += expert * expert_s2;
+        gscale += expert * expert_g;
+        x += (long long)(pair / pairs_per_row) * stride_xm;
+        out = reinterpret_cast<char*>(out) + (long long)pair * stride_om * (OUT_F32 ? 4 : 2);
+    }
 #endif
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;  // the C elements' lane, as the epilogue reads them

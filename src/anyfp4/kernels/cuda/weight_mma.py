@@ -174,10 +174,11 @@ class Launch:
 def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
                 gscale: torch.Tensor, bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
                 out: torch.Tensor | None, out_dtype: torch.dtype | None, *, stage_bytes: int, early: bool,
-                counters: torch.Tensor | None, sm: int = ASYNC_SM) -> Launch:
+                counters: torch.Tensor | None, sm: int = ASYNC_SM, experts: ExpertPairs | None = None) -> Launch:
     """Check the inputs and work out a launch; no GPU needed (``stage_bytes``: the shared memory a block may
     stage activations in; ``counters``: the split-K arrival counters, all zero; ``sm``: the GPU's architecture,
-    which picks the mma shape and the staging copies)."""
+    which picks the mma shape and the staging copies; ``experts``: a grouped expert launch's pairs, with ``x``, the
+    prepack and ``out`` the first expert's and first row's, as ``plan_experts_launch`` gives them)."""
     m, k = x.shape
     if not 1 <= m <= DECODE_ROWS:
         raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {DECODE_ROWS}, got {m}")
@@ -225,7 +226,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), **arch_defines(sm),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
-                   GATED=int(gated), HAS_BIAS=int(bias is not None),
+                   GATED=int(gated), HAS_BIAS=int(bias is not None), EXPERTS=int(experts is not None),
                    VEC_X=int(x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0))  # cp.async staging
     if out is None:
         out = torch.empty(m, n_rows, dtype=out_dtype, device=x.device)
@@ -242,7 +243,53 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
             out, partial, counters, m, k, n_rows, up_offset, rows_total, codes.stride(0) // 4,
             block_scales.stride(0) // 2 if block_scales is not None else 0,
             x.stride(0), out.stride(0), k_pad // STEP_K[fmt], kc]
-    return Launch(defines, (grid_x, c.split_k, 1), c.warps * 32, shared, args, out)
+    if experts is None:
+        args += [out, 1, 0, 0, 0]  # no pairs: unused
+        return Launch(defines, (grid_x, c.split_k, 1), c.warps * 32, shared, args, out)
+    e = experts
+    args += [e.ids, e.pairs_per_row, e.codes_stride, e.scales_stride, e.gscale_stride]
+    return Launch(defines, (grid_x, 1, e.ids.shape[0]), c.warps * 32, shared, args, out)
+
+
+@dataclass(frozen=True)
+class ExpertPairs:
+    """A grouped expert launch's pairs: ``ids`` (pairs,) int32, the expert of each; ``pairs_per_row``: pair p reads
+    activation row p // pairs_per_row; from one expert's prepack to the next: ``codes_stride`` (uint4),
+    ``scales_stride`` (2-byte units), ``gscale_stride`` (floats)."""
+    ids: torch.Tensor
+    pairs_per_row: int
+    codes_stride: int
+    scales_stride: int
+    gscale_stride: int
+
+
+def plan_experts_launch(fmt: str, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor,
+                        block_scales: torch.Tensor | None, gscale: torch.Tensor, n_rows: int, up_offset: int,
+                        config: MMAConfig, out: torch.Tensor | None, *, stage_bytes: int, early: bool,
+                        sm: int = ASYNC_SM) -> Launch:
+    """A mixture of experts' grouped launch (no GPU needed): for each pair p, expert ``ids[p]``'s prepack (codes,
+    NVFP4 block scales and global scales or FP8 row scales, each stacked along a leading expert dimension) over row
+    ``p // (pairs / rows)`` of x (rows, K), into row p of out (pairs, n_rows). One block column per pair (grid z),
+    each pair as one activation row with ``config``'s K warps and no split-K: a pair's bits are those this kernel
+    gives its row with its expert alone, whatever the other pairs."""
+    pairs, rows = ids.shape[0], x.shape[0]
+    if ids.dim() != 1 or ids.dtype != torch.int32 or rows == 0 or pairs % rows:
+        raise ValueError(f"ids must be (pairs,) int32 with pairs a multiple of the {rows} rows of x")
+    if config.split_k != 1:
+        raise ValueError(f"a grouped expert launch has no split-K (got {config.split_k}): give it K warps instead")
+    if out is None:
+        out = torch.empty(pairs, n_rows, dtype=x.dtype, device=x.device)
+    if out.shape != (pairs, n_rows) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be ({pairs}, {n_rows}) {x.dtype} with a contiguous last dimension")
+    if pairs == 0:
+        raise ValueError("a grouped expert launch needs at least one pair")
+    nvfp4 = fmt == "nvfp4"
+    pairs_of = ExpertPairs(ids, pairs // rows, codes.stride(0) // 4,
+                           block_scales.stride(0) // 2 if nvfp4 else 0, gscale.stride(0))
+    plan = plan_launch(fmt, x[:1], codes[0], block_scales[0] if nvfp4 else None, gscale[0:1] if nvfp4 else gscale[0],
+                       None, n_rows, up_offset, config, out[:1], None, stage_bytes=stage_bytes, early=early,
+                       counters=None, sm=sm, experts=pairs_of)
+    return replace(plan, out=out)
 
 
 def _planned(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
@@ -265,6 +312,19 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
     per-row scales; ``out_dtype``: x's dtype (default) or float32 (the sums unrounded)."""
     plan, kernel, early = _planned(fmt, x, codes, block_scales, gscale, bias, n_rows, up_offset, config, out,
                                    out_dtype)
+    kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
+    return plan.out
+
+
+def experts_mma(fmt: str, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
+                gscale: torch.Tensor, n_rows: int, up_offset: int, config: MMAConfig) -> torch.Tensor:
+    """A mixture of experts' grouped launch on the GPU (``plan_experts_launch``) -> (pairs, n_rows)."""
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    stage_bytes = min(STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
+    early = early_launch(device)
+    plan = plan_experts_launch(fmt, x, ids, codes, block_scales, gscale, n_rows, up_offset, config, None,
+                               stage_bytes=stage_bytes, early=early, sm=device_arch(device)[0])
+    kernel = nvrtc.load(_source(), KERNEL, plan.defines, device, shared_memory=stage_bytes)
     kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
     return plan.out
 
