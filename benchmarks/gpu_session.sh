@@ -11,7 +11,8 @@
 #   bash benchmarks/gpu_session.sh runner    # e2e_runner, step profile, speculative decoding
 #   bash benchmarks/gpu_session.sh tp        # two GPUs: all-reduce probe, bench --tp 2, TP1/TP2 agreement
 #   bash benchmarks/gpu_session.sh moe       # mixtures of experts: GPU tests, random Qwen3-30B-A3B NVFP4 vs bf16,
-#                                            # the grouped expert launches alone (kernels/experts.py)
+#                                            # the grouped expert launches alone (kernels/experts.py; SWEEP=1:
+#                                            # launch configs), step profile, batch 16, FP8
 #   bash benchmarks/gpu_session.sh hybrid    # Qwen3.5-27B hybrid: GPU tests, bench vs bf16, MTP, rejected drafts,
 #                                            # step profile, Gated DeltaNet prefill: torch, recurrent, chunked
 #   TOKENIZER=DIR bash benchmarks/gpu_session.sh serve  # anyfp4 serve --max-batch 16: 16 clients vs the runner's
@@ -146,22 +147,31 @@ batch)
     if [ -n "${TOKENIZER:-}" ]; then ANYFP4_PREFILL=chunked bash "$0" serve; fi
     ;;
 moe)
-    # mixtures of experts: the grouped expert kernels and graph == eager, then random Qwen3-30B-A3B NVFP4 and FP8
-    # against bf16 (all three through their grouped launches), batch 1 and 16
+    # mixtures of experts: the grouped expert launches (CUDA and Triton), routing and weighted sum, graph == eager;
+    # random Qwen3-30B-A3B NVFP4 against bf16 at batch 1, the grouped launches alone (every arm; SWEEP=1: launch
+    # configs too), the step profile, then batch 16 and FP8
     timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/runtime/test_experts.py \
-        tests/kernels/triton/test_nvfp4_experts.py tests/kernels/triton/test_fp8_experts.py \
-        tests/kernels/triton/test_dense_experts.py 2>&1 | tail -6 | tee "$OUT/pytest_moe.txt"
-    for batch in 1 16; do
-        timeout 240 python3 -m anyfp4 bench --random-weights qwen3-30b-a3b --format nvfp4 --compare bf16 --batch $batch \
-            --json > "$OUT/bench_moe_b$batch.json" 2> "$OUT/bench_moe_b$batch.err"
+        tests/kernels/cuda/test_grouped_experts.py tests/kernels/triton/test_route_topk.py \
+        tests/kernels/triton/test_weighted_slots.py tests/kernels/triton/test_nvfp4_experts.py \
+        tests/kernels/triton/test_fp8_experts.py tests/kernels/triton/test_dense_experts.py 2>&1 | tail -6 \
+        | tee "$OUT/pytest_moe.txt"
+    moe_bench() {  # batch, then anyfp4 bench arguments
+        local batch="$1"; shift
+        timeout 200 python3 -m anyfp4 bench --random-weights qwen3-30b-a3b --batch $batch --json "$@" \
+            > "$OUT/bench_moe_b$batch$SUFFIX.json" 2> "$OUT/bench_moe_b$batch$SUFFIX.err"
         python3 -c "import json,sys; r=json.load(open(sys.argv[1])); rs=r if isinstance(r, list) else [r]
 [print(x['model'], 'batch', x['batch'], 'decode', round(x['decode_tok_s'], 1), 'tok/s', round(x['pct_of_copy'] or 0),
-       '% of copy') for x in rs]" "$OUT/bench_moe_b$batch.json" 2>/dev/null || tail -3 "$OUT/bench_moe_b$batch.err"
-    done
-    timeout 200 python3 -m anyfp4 bench --random-weights qwen3-30b-a3b --format fp8 --json > "$OUT/bench_moe_fp8.json" \
-        2> "$OUT/bench_moe_fp8.err" || tail -3 "$OUT/bench_moe_fp8.err"
-    timeout 120 python3 benchmarks/kernels/experts.py ${COMMIT:+--commit $COMMIT} --out "$OUT/experts.json" 2>&1 \
-        | grep -v "^\[" | tail -10  # the grouped launches alone: bytes of the distinct experts against the copy
+       '% of copy, sha', x['sha256'][:16]) for x in rs]" "$OUT/bench_moe_b$batch$SUFFIX.json" 2>/dev/null \
+            || tail -3 "$OUT/bench_moe_b$batch$SUFFIX.err"
+    }
+    SUFFIX= moe_bench 1 --format nvfp4 --compare bf16
+    timeout 200 python3 benchmarks/kernels/experts.py --batch 1 16 --formats nvfp4 nvfp4-triton fp8 fp8-triton bf16 \
+        ${SWEEP:+--sweep} ${COMMIT:+--commit $COMMIT} --out "$OUT/experts.json" 2>&1 | grep -v "^\[" | tail -50
+    timeout 100 python3 benchmarks/probes/step_profile.py --arch qwen3-30b-a3b --formats nvfp4 \
+        --out "$OUT/step_profile_moe.json" > "$OUT/step_profile_moe.log" 2>&1
+    grep -A16 "==" "$OUT/step_profile_moe.log" | cut -c1-120
+    SUFFIX= moe_bench 16 --format nvfp4 --compare bf16
+    SUFFIX=_fp8 moe_bench 1 --format fp8
     ;;
 chain)
     timeout 120 python3 benchmarks/probes/chain_floor.py --out "$OUT/chain_floor.json" 2>&1 | tail -20
