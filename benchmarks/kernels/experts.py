@@ -78,8 +78,9 @@ def routings(count: int, rows: int, shape: dict, gen: torch.Generator) -> list[t
             for _ in range(count)]
 
 
-SWEEP = [MMAConfig(mt=1, warps=w, split_k=1, kw=kw, depth=d) for w, kw, d in
-         ((4, 4, 4), (4, 2, 4), (4, 1, 4), (8, 4, 4), (8, 8, 2), (8, 2, 4), (4, 4, 2), (2, 2, 4), (8, 8, 4))]
+SWEEP = [MMAConfig(mt=mt, warps=w, split_k=1, kw=kw, depth=d) for mt, w, kw, d in
+         ((1, 4, 1, 8), (1, 8, 1, 4), (1, 2, 1, 4), (1, 4, 1, 2), (1, 2, 1, 8), (2, 4, 1, 4), (2, 2, 1, 4),
+          (1, 4, 2, 4))]
 
 
 def timed(fmt, shape, layers, one, batch, reps, gen, copy) -> dict:

@@ -93,12 +93,8 @@ def mma_config(sm: int, sms: int, fmt: str, gated: bool, n: int, k: int, k_pad: 
 
 def experts_mma_config(k_pad: int, fmt: str) -> MMAConfig:
     """A grouped expert launch of the CUDA decode kernel (one activation row a pair, no split-K): blocks of four
-    warps over 16-row tiles, as many of them K warps (up to four, a power of two dividing the steps) as leave each
-    at least two steps, and a ring deep enough to have a K warp's whole slice (up to four steps) in flight. A
-    function of the shape alone, so a pair's bits do not depend on how many pairs a step has."""
-    steps = k_pad // STEP_K[fmt]
-    kw = 4
-    while kw > 1 and (steps % kw or steps // kw < 2):
-        kw //= 2
-    per_warp = steps // kw
-    return MMAConfig(mt=1, warps=4, split_k=1, kw=kw, depth=4 if per_warp >= 3 else 2 if per_warp == 2 else 1)
+    warps, each its own 16-row tile over the whole K with four steps of code words in flight. On an H100 (random
+    Qwen3-30B-A3B experts, ``benchmarks/kernels/experts.py --sweep``, ``results/experts_h100.json``) that beat every
+    split of K over K warps and every deeper or wider block tried, NVFP4 and FP8, one token and 16. A function of
+    the shape alone (here: of nothing), so a pair's bits do not depend on how many pairs a step has."""
+    return MMAConfig(mt=1, warps=4, split_k=1, kw=1, depth=4)

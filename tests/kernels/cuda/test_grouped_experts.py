@@ -28,7 +28,7 @@ def stacked(fmt, experts, n, k, gated, gen):
     packs = []
     for e in range(experts):
         if fmt == "nvfp4":
-            gs = torch.tensor(float(torch.rand(1, generator=gen)) * 1e-2 + 1e-3)
+            gs = torch.tensor(float(torch.rand(1, generator=gen)) * 1e-3 + 1e-4)  # gate x up within fp16 at K = 2048
             gate, up = nvfp4_weight(n, k, gen, gs, device="cpu"), nvfp4_weight(n, k, gen, gs, device="cpu")
             packs.append(prepack_nvfp4_gated(gate, up) if gated else prepack_nvfp4(gate))
         else:
@@ -81,7 +81,7 @@ def check_pairs(fmt, grouped, alone, dtype, n, k, gated, config, device):
 
 
 @host
-@pytest.mark.parametrize("gated, n, k", [(True, 40, 272), (False, 72, 768)])  # K tails; K warps 2 and 2
+@pytest.mark.parametrize("gated, n, k", [(True, 40, 272), (False, 72, 768)])  # K tails; a partial last pass
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 def test_the_source_gives_each_pair_its_expert_alone(fmt, dtype, gated, n, k):
@@ -98,8 +98,8 @@ def test_the_source_gives_each_pair_its_expert_alone(fmt, dtype, gated, n, k):
 
 
 @host
-def test_one_k_warp_and_a_deep_ring_too():
-    check_pairs("nvfp4", host_grouped, host_cuda.gemm("nvfp4"), torch.bfloat16, 40, 1024, True, MMAConfig(1, 2, 1, 8, 1), "cpu")
+def test_k_warps_and_a_deep_ring_too():
+    check_pairs("nvfp4", host_grouped, host_cuda.gemm("nvfp4"), torch.bfloat16, 40, 1024, True, MMAConfig(1, 4, 1, 8, 2), "cpu")
 
 
 def test_the_plan_refuses_what_it_cannot_run():
@@ -118,12 +118,10 @@ def test_the_plan_refuses_what_it_cannot_run():
              torch.empty(2, 17, dtype=torch.float16), **kw)
 
 
-@pytest.mark.parametrize("fmt, k_pad, kw, depth", [("nvfp4", 2048, 4, 4), ("nvfp4", 768, 2, 4), ("nvfp4", 256, 1, 2),
-                                                   ("fp8", 2048, 4, 4), ("fp8", 768, 4, 4), ("nvfp4", 512, 2, 2)])
-def test_the_config_is_the_shapes_alone(fmt, k_pad, kw, depth):
+@pytest.mark.parametrize("fmt, k_pad", [("nvfp4", 2048), ("nvfp4", 768), ("nvfp4", 256), ("fp8", 768)])
+def test_the_config_runs_every_shape_without_split_k(fmt, k_pad):
     c = experts_mma_config(k_pad, fmt)
-    assert (c.kw, c.depth, c.split_k, c.warps, c.mt) == (kw, depth, 1, 4, 1)
-    assert weight_mma.k_warps_refusal(c, k_pad // weight_mma.STEP_K[fmt]) is None
+    assert c.split_k == 1 and weight_mma.k_warps_refusal(c, k_pad // weight_mma.STEP_K[fmt]) is None
 
 
 @gpu

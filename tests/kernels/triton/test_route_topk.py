@@ -51,6 +51,22 @@ def test_ties_go_to_the_lower_expert(device):
     assert weights[0, 0] == weights[0, 1] == weights[0, 2] > weights[0, 3]
 
 
+def test_non_finite_logits_pick_experts_of_the_row(device):
+    """A row that overflowed (NaN, +inf or all -inf logits) gets ids within its experts — the expert kernels read
+    them as addresses — and NaN weights, as the definition gives them."""
+    logits = torch.randn(4, 6, device=device)
+    logits[0, 2] = float("nan")
+    logits[1, 4] = float("inf")
+    logits[2] = float("-inf")
+    logits[3, 1] = float("inf")
+    logits[3, 5] = float("-inf")
+    ids, weights = kernel.route_topk(logits, 3, True)
+    assert ((ids >= 0) & (ids < 6)).all() and (ids.sort(1).values.diff(1) > 0).all(), ids
+    assert torch.isnan(weights[:3]).all()  # one NaN or infinite logit makes the whole softmax NaN
+    want = route_reference(logits.cpu(), 3, True)[1]
+    assert torch.equal(torch.isnan(weights.cpu()), torch.isnan(want))
+
+
 def test_the_op_takes_strided_logits_and_refuses_what_does_not_fit(device):
     gen = torch.Generator().manual_seed(3)
     wide = torch.randn(4, 32, generator=gen).to(device)

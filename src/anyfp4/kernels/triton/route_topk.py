@@ -3,7 +3,9 @@ probable experts (highest first) and their probabilities, renormalized over the 
 form is a float32 copy, a softmax, a top-k (a selection and a sort), k - 1 sums, a division and an int32 copy.
 
 Anatomy: ``@triton.jit`` kernel, launcher. One program per token (a row's results do not depend on the other rows
-of the call). Ties between equal probabilities go to the lower expert index. The k weights are added in rank order
+of the call). Ties between equal probabilities go to the lower expert index; a NaN probability ranks first (as in
+torch.topk) and keeps its NaN weight, so a row that overflowed still picks experts it has (the expert kernels read
+the ids as addresses). The k weights are added in rank order
 (``w0 + w1 + ...``) and divided with IEEE rounding, as the eager form does; the probabilities themselves come from
 the GPU's ``exp``, within a few float32 ulps of torch's softmax.
 """
@@ -28,18 +30,22 @@ def route_topk_kernel(logits_ptr, ids_ptr, weights_ptr, E, stride_l, stride_i, s
     logits = tl.load(logits_ptr + row * stride_l + cols, mask=inside, other=-float("inf")).to(tl.float32)
     top = tl.max(logits, 0)
     e = tl.where(inside, tl.exp(logits - top), 0.0)
-    probs = tl.where(inside, tl.math.div_rn(e, tl.sum(e, 0)), -1.0)  # below every probability: never picked
+    probs = tl.math.div_rn(e, tl.sum(e, 0))
+    # the order experts are picked in: a NaN probability (NaN or infinite logits) above every number, as torch.topk
+    # has it, so that every pick is an expert of the row (never an index past it); padding below every probability
+    key = tl.where(inside, tl.where(probs == probs, probs, 2.0), -1.0)
     slots = tl.arange(0, K_POW2)
     picked_ids = tl.zeros((K_POW2,), dtype=tl.int32)
     picked = tl.zeros((K_POW2,), dtype=tl.float32)
     total = 0.0
     for j in tl.static_range(K):
-        best = tl.max(probs, 0)
-        idx = tl.min(tl.where(probs == best, cols, BLOCK_E), 0)
+        idx = tl.min(tl.where(key == tl.max(key, 0), cols, BLOCK_E), 0)
+        idx = tl.minimum(idx, E - 1)
+        best = tl.sum(tl.where(cols == idx, probs, 0.0), 0)  # its probability (NaN stays NaN)
         picked_ids = tl.where(slots == j, idx, picked_ids)
         picked = tl.where(slots == j, best, picked)
         total = best if j == 0 else total + best
-        probs = tl.where(cols == idx, -1.0, probs)
+        key = tl.where(cols == idx, -2.0, key)
     if NORMALIZE:
         picked = tl.math.div_rn(picked, tl.zeros((K_POW2,), dtype=tl.float32) + total)
     keep = slots < K
