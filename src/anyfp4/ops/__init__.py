@@ -21,7 +21,8 @@ formats share; ``ops.checks``: argument checks; ``ops.registry``: how the quanti
   their full layer's, so that they compute one GPU's bits).
 - ``nvfp4_experts(x, ids, codes, scales, global_scales, up_offset, out_features, in_features)``: a mixture of
   experts' NVFP4 linears for a step's (token, expert) pairs, the experts' prepacks stacked (E, ...), expert
-  ``ids[p]`` for pair p of row ``p // (pairs / rows)``: one Triton launch on CUDA (``kernels.triton.nvfp4_experts``),
+  ``ids[p]`` for pair p of row ``p // (pairs / rows)``: one launch on CUDA (the CUDA decode kernel's grouped launch
+  where it serves the GPU, else ``kernels.triton.nvfp4_experts``),
   the reference pair by pair elsewhere; ``dense_experts(x, ids, weights, gated, out_features, in_features)`` the
   same over float weights stacked (E, rows, K) (``kernels.triton.dense_experts``); ``weighted_slots(picked,
   weights)``: each token's k expert outputs times their routing weights, added in float32 in slot order (one

@@ -3,10 +3,13 @@
 stacked along a leading dimension — ``nvfp4_experts(x, ids, codes, scales, global_scales, up_offset, out_features,
 in_features)`` over NVFP4 prepacks, ``fp8_experts(x, ids, codes, scales, up_offset, out_features, in_features)``
 over FP8 prepacks, ``dense_experts(x, ids, weights, gated, out_features, in_features)`` over float weights (E, rows,
-K). On CUDA one Triton launch for every pair (``kernels.triton.nvfp4_experts`` / ``fp8_experts`` /
-``dense_experts``: the routing stays on the GPU); elsewhere the pure-torch definitions, pair by pair. And
-``weighted_slots(picked, weights)``: each token's k expert outputs times their routing weights, added in float32 in
-slot order (one launch on CUDA, ``kernels.triton.weighted_slots``; elsewhere k float32 products and sums)."""
+K). On CUDA one launch for every pair: NVFP4 and FP8 with fp16 / bf16 activations on a GPU the CUDA decode kernel
+serves (``dispatch.policy.experts_on_cuda_mma``) its grouped launch (``kernels.cuda.weight_mma.experts_mma``), else
+Triton (``kernels.triton.nvfp4_experts`` / ``fp8_experts`` / ``dense_experts``) — the routing stays on the GPU; the
+ids must be experts of the stack (the kernels read them as addresses); elsewhere the pure-torch definitions, pair
+by pair. And ``weighted_slots(picked, weights)``: each token's k expert outputs times their routing weights, added
+in float32 in slot order (one launch on CUDA, ``kernels.triton.weighted_slots``; elsewhere k float32 products and
+sums)."""
 
 from __future__ import annotations
 

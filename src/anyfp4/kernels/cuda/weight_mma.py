@@ -7,6 +7,9 @@ It reads the same prepacks as the Triton kernels (``packing/nvfp4.py``, ``packin
 portable path for sm_70/75 and wherever NVRTC is missing; ``ANYFP4_KERNELS=triton`` forces them. The source's
 layout and decode constants come from ``weight_mma_defines``, with every launch's defines.
 
+A mixture of experts' grouped launch (``plan_experts_launch``, ``experts_mma``) runs every (token, expert) pair of a
+decode step in one grid, each pair's expert read from the ids on the GPU.
+
 Split-K blocks meet through per-device arrival counters (``counters.reserve_counters``), reserved when a layer
 makes its prepack on a GPU so that CUDA-graph capture never allocates; kernels sharing them must run on one
 stream at a time (as a model's layers do).
