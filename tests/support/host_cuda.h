@@ -103,6 +103,7 @@ inline float hi(unsigned r, bool bf16) { return bf16 ? bf16_to_float(r >> 16) : 
 inline void __syncthreads() { host::wait(host::AT_SYNCTHREADS); }
 inline void __threadfence() {}
 inline float __ldcg(const float* p) { return *p; }
+inline int __ldcg(const int* p) { return *p; }
 inline int atomicAdd(int* p, int v) {
     const int old = *p;
     *p = old + v;

@@ -4,6 +4,12 @@ kernel gives that row with that expert's prepack alone (same config), and the va
 (the op on the CPU); NVFP4 and FP8, gated and plain, fp16 and bf16. Run by the kernel's source on the CPU (host
 build) and, on a GPU, by the kernel itself through the ops."""
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -58,7 +64,7 @@ def reference(fmt, x, ids, stacks, up_offset, n, k):
 def host_grouped(fmt, x, ids, stacks, up_offset, n, config, out):
     codes, block_scales, gscale = stacks
     plan = weight_mma.plan_experts_launch(fmt, x, ids, codes, block_scales, gscale, n, up_offset, config, out,
-                                          stage_bytes=weight_mma.STAGE_BYTES, early=False)
+                                          stage_bytes=weight_mma.STAGE_BYTES)
     return host_cuda.run(plan)
 
 
@@ -107,7 +113,7 @@ def test_the_plan_refuses_what_it_cannot_run():
     packs, (codes, scales, gscale) = stacked("nvfp4", 2, 16, 256, False, gen)
     x = torch.randn(2, 256, generator=gen).half()
     plan = weight_mma.plan_experts_launch
-    kw = dict(stage_bytes=weight_mma.STAGE_BYTES, early=False)
+    kw = dict(stage_bytes=weight_mma.STAGE_BYTES)
     with pytest.raises(ValueError, match="no split-K"):
         plan("nvfp4", x, torch.zeros(2, dtype=torch.int32), codes, scales, gscale, 16, 0, MMAConfig(split_k=2), None,
              **kw)
@@ -142,3 +148,21 @@ def test_the_gpu_gives_each_pair_its_expert_alone(fmt, dtype, gated, n, k):
         return torch.ops.anyfp4.fp8_experts(x, ids, codes, gscale, up_offset, n, k)
 
     check_pairs(fmt, grouped, alone, dtype, n, k, gated, config, "cuda")
+
+
+@host
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="guard pages through Linux's mmap / mprotect")
+@pytest.mark.parametrize("fmt, n, k, gated", [("nvfp4", 128, 128, True), ("fp8", 128, 128, True),
+                                              ("fp8", 72, 768, False), ("nvfp4", 40, 272, False)])
+@pytest.mark.parametrize("where", ["end", "start"])
+def test_the_source_reads_nothing_past_its_tensors(fmt, n, k, gated, where):
+    """Every input against a PROT_NONE page (support/guard_pages.py): the launch runs; routed to an expert past the
+    stack, it dies — so the guard would catch a stray read."""
+    script = Path(__file__).parents[2] / "support" / "guard_pages.py"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    args = [sys.executable, str(script), fmt, str(n), str(k), "1" if gated else "0", where, "8", "2", "2"]
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    if where == "end":
+        stray = subprocess.run(args + ["8"], capture_output=True, text=True, env=env, timeout=600)
+        assert stray.returncode == -signal.SIGSEGV, (stray.returncode, stray.stderr[-2000:])

@@ -64,7 +64,9 @@
 // step's (token, expert) pairs — expert ids[z]'s prepack, found expert_c4 / expert_s2 / expert_g (codes in uint4,
 // scales in u16, global or row scales in floats) on from the first expert's, over activation row z / pairs_per_row,
 // into output row z; M = 1 and no split-K, so a pair gets the bits this launch gives that row with that expert alone;
-// the ids come from the kernel before, so an early block waits before anything); and the constants of the tile
+// never an early launch: early-launched, it faulted now and then in CUDA-graph replays on an H100, an illegal address
+// the host build does not reproduce with every input between guard pages, so the ids — addresses, from the kernel
+// before — are read once that kernel has finished, through L2); and the constants of the tile
 // layout, the staging and the
 // decode (STEP, X_T, X_Q, XS_PAD, TILE_ROWS, TILE_WORDS, TILE_BLOCKS, SCALE_PERM_BASE, SCALE_PERM_STEP, SCALE_MUL,
 // SCALE_ADD, FP8_BF16_RESCALE, UNIT), which kernels/cuda/weight_mma_defines.py works out from packing/layout.py and
@@ -320,6 +322,9 @@ __device__ __forceinline__ void quad_pairs_to_c(float* q, float* c, int lane) {
 #if EXPERTS && SPLIT != 1
 #error "a grouped expert launch (EXPERTS) has one activation row per pair and no split-K"
 #endif
+#if EXPERTS && EARLY
+#error "a grouped expert launch (EXPERTS) starts in stream order: the ids it reads as addresses come from the kernel before"
+#endif
 #define LEAVES (SPLIT & -SPLIT)
 #define PER_LEAF (SPLIT / LEAVES)
 __device__ __forceinline__ float sum_slices(const float* p, long long stride) {
@@ -424,12 +429,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 #if EXPERTS
-#if EARLY
-    asm volatile("griddepcontrol.wait;" ::: "memory");  // the ids (and the activations) come from the kernel before
-#endif
     {
         const int pair = blockIdx.z;
-        const long long expert = ids[pair];
+        const long long expert = __ldcg(ids + pair);  // from the kernel before: through L2, never a cached copy
         codes += expert * expert_c4;
         scales += expert * expert_s2;
         gscale += expert * expert_g;
