@@ -64,9 +64,11 @@
 // step's (token, expert) pairs — expert ids[z]'s prepack, found expert_c4 / expert_s2 / expert_g (codes in uint4,
 // scales in u16, global or row scales in floats) on from the first expert's, over activation row z / pairs_per_row,
 // into output row z; M = 1 and no split-K, so a pair gets the bits this launch gives that row with that expert alone;
-// never an early launch: early-launched, it faulted now and then in CUDA-graph replays on an H100, an illegal address
-// the host build does not reproduce with every input between guard pages, so the ids — addresses, from the kernel
-// before — are read once that kernel has finished, through L2); and the constants of the tile
+// never an early launch: early-launched behind the routing kernel it faulted now and then in CUDA-graph replays on an
+// H100 (an illegal address; the host build, every input between guard pages, reads nothing out of bounds) — most
+// likely its ids load, from a const __restrict__ pointer, which the compiler may treat as invariant and move above
+// griddepcontrol.wait, read them before the routing kernel wrote them; in stream order that kernel has finished);
+// and the constants of the tile
 // layout, the staging and the
 // decode (STEP, X_T, X_Q, XS_PAD, TILE_ROWS, TILE_WORDS, TILE_BLOCKS, SCALE_PERM_BASE, SCALE_PERM_STEP, SCALE_MUL,
 // SCALE_ADD, FP8_BF16_RESCALE, UNIT), which kernels/cuda/weight_mma_defines.py works out from packing/layout.py and
