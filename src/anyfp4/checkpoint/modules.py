@@ -27,6 +27,17 @@ NVFP4_NAMES = {
                                       "global_scale": "weight_global_scale", "input_scale": "input_global_scale"},
 }
 FP8_NAMES = {"weight": "weight", "scale": "weight_scale", "input_scale": "input_scale"}
+
+
+def quantized_suffixes(naming: TensorNaming, fmt: WeightFormat) -> dict[str, str]:
+    """A quantized linear's tensor suffixes under one naming, by role: ``codes`` (the weight), ``scale`` (NVFP4 block
+    scales, FP8 scales), ``global`` (NVFP4 global scale; FP8: ``weight_scale_2``, never stored) and ``input`` (the
+    activation scale) — what the vLLM integration's parameters are named."""
+    if fmt is WeightFormat.NVFP4:
+        n = NVFP4_NAMES[naming]
+        return {"codes": n["codes"], "scale": n["block_scale"], "global": n["global_scale"], "input": n["input_scale"]}
+    return {"codes": FP8_NAMES["weight"], "scale": FP8_NAMES["scale"],
+            "global": NVFP4_NAMES[TensorNaming.MODELOPT]["global_scale"], "input": FP8_NAMES["input_scale"]}
 DENSE_NAMES = {"weight": "weight"}
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Tensors a linear module may carry that anyfp4 reads but does not need (KV-cache scales, ...).

@@ -39,7 +39,8 @@ from vllm.model_executor.parameter import (
 
 from .. import ops as _ops  # noqa: F401  (registers torch.ops.anyfp4.*, which apply() calls)
 from ..checkpoint.errors import CheckpointError
-from ..checkpoint.quant_config import QuantScheme, TensorNaming, WeightFormat, scheme_from_config
+from ..checkpoint.modules import quantized_suffixes
+from ..checkpoint.quant_config import QuantScheme, WeightFormat, scheme_from_config
 from ..runtime.config import MOE_LAYOUTS
 
 NAME = "anyfp4"
@@ -164,10 +165,7 @@ class AnyFP4LinearMethod(LinearMethodBase):
         self.config, self.fmt, self.prefix = config, fmt, prefix
 
     def _names(self) -> dict[str, str]:
-        if self.config.scheme.naming is TensorNaming.COMPRESSED_TENSORS and self.fmt is WeightFormat.NVFP4:
-            return {"weight": "weight_packed", "scale": "weight_scale", "global": "weight_global_scale",
-                    "input": "input_global_scale"}
-        return {"weight": "weight", "scale": "weight_scale", "global": "weight_scale_2", "input": "input_scale"}
+        return quantized_suffixes(self.config.scheme.naming, self.fmt)
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
                        params_dtype, **extra_weight_attrs):
@@ -185,14 +183,14 @@ class AnyFP4LinearMethod(LinearMethodBase):
             if k % 16:
                 raise ValueError(f"anyfp4: {self.prefix} has {k} input features per tensor-parallel rank; NVFP4 "
                                  "needs whole 16-element groups (choose a tensor-parallel size that splits K so)")
-            layer.register_parameter(names["weight"], ModelWeightParameter(
+            layer.register_parameter(names["codes"], ModelWeightParameter(
                 data=torch.empty(n, k // 2, dtype=torch.uint8), input_dim=1, output_dim=0, weight_loader=loader))
             layer.register_parameter(names["scale"], ModelWeightParameter(
                 data=torch.empty(n, k // 16, dtype=torch.float8_e4m3fn), input_dim=1, output_dim=0,
                 weight_loader=loader))
             layer.register_parameter(names["global"], PerTensorScaleParameter(data=nan(parts), weight_loader=loader))
         else:
-            layer.register_parameter(names["weight"], ModelWeightParameter(
+            layer.register_parameter(names["codes"], ModelWeightParameter(
                 data=torch.empty(n, k, dtype=torch.float8_e4m3fn), input_dim=1, output_dim=0, weight_loader=loader))
             if self._per_channel():
                 scale = ChannelQuantScaleParameter(data=nan(n, 1), output_dim=0, weight_loader=loader)
@@ -215,7 +213,7 @@ class AnyFP4LinearMethod(LinearMethodBase):
         from ..packing.nvfp4 import prepack_nvfp4
 
         names, sizes = layer.anyfp4_names, layer.anyfp4_partitions
-        weight = getattr(layer, names["weight"]).data
+        weight = getattr(layer, names["codes"]).data
         offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
         prepacks = []
         if self.fmt is WeightFormat.NVFP4:

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 
-from ..checkpoint.quant_config import TensorNaming, WeightFormat
+from ..checkpoint.modules import quantized_suffixes
+from ..checkpoint.quant_config import WeightFormat
 from ..formats.fp8 import FP8Weight
 from ..formats.nvfp4 import NVFP4Weight
 from ..nn.linear import GatedMLP
@@ -52,10 +53,7 @@ class AnyFP4ExpertsMethod(FusedMoEMethodBase):
 
     def _names(self) -> dict[str, str]:
         """The checkpoint's tensor suffixes: codes, block scales / FP8 scales, NVFP4 global scales, input scales."""
-        if self.config.scheme.naming is TensorNaming.COMPRESSED_TENSORS and self.fmt is WeightFormat.NVFP4:
-            return {"codes": "weight_packed", "scale": "weight_scale", "global": "weight_global_scale",
-                    "input": "input_global_scale"}
-        return {"codes": "weight", "scale": "weight_scale", "global": "weight_scale_2", "input": "input_scale"}
+        return quantized_suffixes(self.config.scheme.naming, self.fmt)
 
     def _params(self) -> dict[str, ExpertParam]:
         names, nvfp4 = self._names(), self.fmt is WeightFormat.NVFP4

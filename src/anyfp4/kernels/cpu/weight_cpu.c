@@ -412,12 +412,18 @@ static void amx_store(const amx_x *xs, int64_t g0, int gn, int64_t nb, int r0, i
             }                                                                                               \
         }
 
+/* NVFP4's tile decode gives bf16 bits of the weight * 2^-AMX_DECODE_SHIFT (NVFP4_AMX_PAIR below); x comes times
+   2^AMX_X_SHIFT, so the sums come times 2^(AMX_X_SHIFT - AMX_DECODE_SHIFT). FP8's decode is exact (x_shift 0). */
+#define AMX_DECODE_SHIFT 112
+#define AMX_X_SHIFT 48
+
 /* x's tiles and, with more than AMX_GROUPS groups of rows, the whole-block buffer; 0 or -1 (out of memory) */
 #define AMX_SETUP(per_tile, tile_k)                                                                             \
     const int cols = rows < 16 ? (int)rows : 16;                                                            \
     const int64_t groups = (rows + 15) / 16;                                                                \
+    const int sum_exponent = x_shift ? AMX_DECODE_SHIFT - x_shift : 0;                                     \
     amx_x xs = {amx_pairs(x, ldx, rows, k, tiles * (per_tile), (per_tile), (tile_k), kpair, cols, x_shift),  \
-                tiles * (per_tile), rows, cols, x_shift ? 18446744073709551616.0f : 1.0f /* 2^(112 - 48) */}; \
+                tiles * (per_tile), rows, cols, as_float((uint32_t)(127 + sum_exponent) << 23)};               \
     uint32_t *all = groups > AMX_GROUPS ? aligned_alloc(64, (size_t)(tiles * (per_tile) * 256) * 4) : NULL;  \
     uint32_t tile_buf[2 * (per_tile) * 256] __attribute__((aligned(64)));                                      \
     if (!xs.xb || (groups > AMX_GROUPS && !all)) {                                                          \
@@ -436,9 +442,8 @@ static void amx_store(const amx_x *xs, int64_t g0, int gn, int64_t nb, int r0, i
    7..14, packing/nvfp4.py): the exact product as a normal fp16 (2^-10 .. 2688, at most 6 significant bits); its
    sign and its magnitude shifted right by 3 (an arithmetic shift, the copies of the sign cleared) are bf16 bits
    of the product * 2^-112, exactly (zero stays zero).
-   Word j's codes a and b in dword j. x comes times 2^AMX_X_SHIFT, the sums times 2^(112 - AMX_X_SHIFT): products
-   under 2^(-14 - AMX_X_SHIFT) flush to zero, x from 2^(128 - AMX_X_SHIFT) on is infinite. */
-#define AMX_X_SHIFT 48
+   Word j's codes a and b in dword j. x comes times 2^AMX_X_SHIFT, the sums times 2^(AMX_DECODE_SHIFT -
+   AMX_X_SHIFT): products under 2^(-14 - AMX_X_SHIFT) flush to zero, x from 2^(128 - AMX_X_SHIFT) on is infinite. */
 #define NVFP4_AMX_PAIR(p)                                                                                       \
             {                                                                                               \
                 const __m512h v = _mm512_castsi512_ph(_mm512_permutexvar_epi16(NVFP4_PAIR_INDEX_##p(w), table)); \
