@@ -77,8 +77,8 @@ def _grouped_mma(fmt: str, x: Tensor, ids: Tensor, codes: Tensor, block_scales: 
     if ids.shape[0] == 0:
         return x.new_empty(0, out_features)
     k_pad = codes.shape[2] * weight_mma.K_PER_WORD[fmt]
-    return weight_mma.experts_mma(fmt, x if x.stride(1) == 1 else x.contiguous(), ids, codes, block_scales, gscale,
-                                  out_features, up_offset, experts_mma_config(k_pad, fmt))
+    return weight_mma.experts_mma(fmt, x if x.stride(1) == 1 else x.contiguous(), ids.contiguous(), codes,
+                                  block_scales, gscale, out_features, up_offset, experts_mma_config(k_pad, fmt))
 
 
 def _expert(codes, scales, global_scales, e: int, up_offset: int, out_features: int, in_features: int):

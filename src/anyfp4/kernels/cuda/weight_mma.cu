@@ -68,11 +68,9 @@
 // H100 (an illegal address; the host build, every input between guard pages, reads nothing out of bounds) — most
 // likely its ids load, from a const __restrict__ pointer, which the compiler may treat as invariant and move above
 // griddepcontrol.wait, read them before the routing kernel wrote them; in stream order that kernel has finished);
-// and the constants of the tile
-// layout, the staging and the
-// decode (STEP, X_T, X_Q, XS_PAD, TILE_ROWS, TILE_WORDS, TILE_BLOCKS, SCALE_PERM_BASE, SCALE_PERM_STEP, SCALE_MUL,
-// SCALE_ADD, FP8_BF16_RESCALE, UNIT), which kernels/cuda/weight_mma_defines.py works out from packing/layout.py and
-// the formats. The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
+// and the constants of the tile layout, the staging and the decode (STEP, X_T, X_Q, XS_PAD, TILE_ROWS, TILE_WORDS,
+// TILE_BLOCKS, SCALE_PERM_BASE, SCALE_PERM_STEP, SCALE_MUL, SCALE_ADD, FP8_BF16_RESCALE, UNIT), which
+// kernels/cuda/weight_mma_defines.py works out from packing/layout.py and the formats. The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
 // memory holds KW * M * (kc / 2 + XS_PAD) words (each K warp's rows). Code words are loaded DEPTH steps ahead into a ring of registers, across
 // staging rounds. The main loop runs whole passes over the ring (DEPTH steps, no per-step bounds or staging checks,
 // the refills at fixed offsets), then a last partial pass.
