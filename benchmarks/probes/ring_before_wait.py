@@ -9,11 +9,11 @@ before finishes; ptxas, free to move read-only loads below an acquire, decides p
 
 ``--source``: another version of the kernel's source (the same arguments), to compare.
 
-2026-12-06, CPU (main at a65b75d; `results/ring_before_wait_cpu.json`, `benchmarks/NOTES.md`): of the 20 distinct
-M = 1 configs, 6 have their whole ring before the wait (NVFP4 with K warps, two m16 tiles or gated), 14 none — every
-FP8 one, NVFP4 at depth 4 and 8, Llama-3.1-8B's down projection and the lm_head: an early launch prefetches nothing
-for them. The first fill as volatile inline-asm loads (``ld.global.nc``) gave 10 whole rings (4 more NVFP4 configs,
-the down projection and the lm_head among them), FP8 and depth 8 still none: not timed on a GPU, not landed.
+2026-12-06, CPU (`benchmarks/NOTES.md`): at a65b75d, of the 20 distinct M = 1 configs 6 had their whole ring
+before the wait (NVFP4 with K warps, two m16 tiles or gated) and 14 none — every FP8 one, NVFP4 at depth 4 and 8,
+Llama-3.1-8B's down projection and the lm_head: an early launch prefetched nothing for them. The first fill as
+volatile inline-asm loads gave 10 whole rings; with every loaded word also used before the wait (a volatile shared
+store of their xor), all 20 (`results/ring_before_wait_cpu.json`, the kernel since). Not yet timed on a GPU.
 """
 
 from __future__ import annotations

@@ -104,6 +104,9 @@ inline void __syncthreads() { host::wait(host::AT_SYNCTHREADS); }
 inline void __threadfence() {}
 inline float __ldcg(const float* p) { return *p; }
 inline int __ldcg(const int* p) { return *p; }
+inline uint4 load_ring_words(const uint4* p) { return *p; }
+inline unsigned load_ring_scales(const unsigned* p) { return *p; }
+inline void ring_used(unsigned* slot, unsigned seen) { *slot = seen; }
 inline int atomicAdd(int* p, int v) {
     const int old = *p;
     *p = old + v;

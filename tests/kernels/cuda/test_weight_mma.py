@@ -213,6 +213,29 @@ def test_every_variant_compiles(sm):
         assert cubin[:4] == b"\x7fELF"
 
 
+@needs_nvrtc
+@pytest.mark.parametrize("fmt, gated, mt, warps, depth, kw, split", [
+    ("nvfp4", False, 1, 8, 2, 1, 16), ("nvfp4", False, 1, 8, 8, 1, 1), ("nvfp4", True, 1, 4, 4, 1, 4),
+    ("nvfp4", False, 2, 8, 2, 2, 2), ("fp8", False, 1, 4, 8, 1, 8), ("fp8", True, 1, 4, 2, 1, 8)])
+def test_an_early_launch_loads_its_ring_before_it_waits(fmt, gated, mt, warps, depth, kw, split):
+    """sm_90's early launch (SASS, probes/ring_before_wait.py): the ring's whole first fill — code words, NVFP4 scale
+    words — is issued before griddepcontrol.wait (ACQBULK), so the weights stream while the kernel before finishes,
+    and no pointer but the weights' is read before it (configs where plain loads were all moved below the wait)."""
+    from helpers import load_script
+
+    probe = load_script("probes/ring_before_wait.py")
+    try:
+        tool = probe.disassembler(None)
+    except SystemExit:
+        pytest.skip("no cuobjdump (Triton's NVIDIA backend ships one)")
+    defines = dict(source_defines(fmt, "bf16"), FP8=int(fmt == "fp8"), NT=1, MT=mt, WARPS=warps, DEPTH=depth, BF16=1,
+                   GATED=int(gated), HAS_BIAS=0, OUT_F32=0, EARLY=1, VEC_X=1, SPLIT=split, KW=kw,
+                   **weight_mma.arch_defines(90))
+    loads, pointers = probe.before_wait(weight_mma._source(), defines, tool)
+    assert loads == depth * (2 if fmt == "fp8" else 3) * mt * (2 if gated else 1)
+    assert set(pointers) <= {"codes", "scales"}, pointers
+
+
 def cuda_12_nvrtc() -> str | None:
     """CUDA 12's NVRTC from the nvidia-cuda-nvrtc-cu12 wheel, if installed (CUDA 13's refuses sm_70)."""
     import glob

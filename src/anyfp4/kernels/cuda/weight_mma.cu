@@ -193,6 +193,37 @@ __device__ __forceinline__ void copy_8_bytes_async(u32* dst, const u16* src, boo
 __device__ __forceinline__ void wait_async_copies() {}
 #endif
 
+// The ring's first fill in an early launch, issued before griddepcontrol.wait so that the weights — which no kernel
+// writes — stream while the kernel before finishes. ptxas may move read-only loads below that acquire, and moved the
+// plain ones in 14 of the 20 sm_90 launch-table configs (benchmarks/probes/ring_before_wait.py): as volatile asm, and
+// every word used before the wait (ring_used), they stay before it in all of them.
+// Without an early launch there is no wait to stay before: plain loads, scheduled as ptxas likes.
+__device__ __forceinline__ uint4 load_ring_words(const uint4* p) {
+#if EARLY
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+#else
+    return *p;
+#endif
+}
+
+__device__ __forceinline__ u32 load_ring_scales(const u32* p) {
+#if EARLY
+    u32 v;
+    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+#else
+    return *p;
+#endif
+}
+
+// A use of the first fill before the wait that ptxas cannot move: a volatile store of their xor to shared memory
+// (the staging area, which the first staging round overwrites after a barrier; nothing reads this value).
+__device__ __forceinline__ void ring_used(u32* slot, u32 seen) {
+    asm volatile("st.volatile.shared.u32 [%0], %1;" :: "r"((u32)__cvta_generic_to_shared(slot)), "r"(seen) : "memory");
+}
+
 __device__ __forceinline__ u16 float_to_out(float f) {
     u16 h;
 #if BF16
@@ -492,12 +523,12 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     for (int d = 0; d < DEPTH; ++d)
 #pragma unroll
         for (int a = 0; a < TILES; ++a)
-            if (s_beg + d < s_end) {
+            if (s_beg + d < s_end) {  // before the wait (load_ring_words)
                 const int s = s_beg + d;
-                wa[d][a] = cptr[a][s * W_STEP];
-                wb[d][a] = cptr[a][s * W_STEP + W_B];
+                wa[d][a] = load_ring_words(cptr[a] + s * W_STEP);
+                wb[d][a] = load_ring_words(cptr[a] + s * W_STEP + W_B);
 #if !FP8
-                sw[d][a] = sptr[a][s * S_STEP];
+                sw[d][a] = load_ring_scales(sptr[a] + s * S_STEP);
 #endif
             }
 
@@ -512,6 +543,20 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     }
 
 #if EARLY
+    {
+        u32 seen = 0;  // every word of the first fill (slots past the block's steps were never loaded: left out)
+#pragma unroll
+        for (int d = 0; d < DEPTH; ++d)
+#pragma unroll
+            for (int a = 0; a < TILES; ++a)
+                if (s_beg + d < s_end) {
+                    seen ^= wa[d][a].x ^ wb[d][a].x;
+#if !FP8
+                    seen ^= sw[d][a];
+#endif
+                }
+        ring_used(xs, seen);
+    }
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     // Staging rounds start at s_beg and are a multiple of DEPTH steps long (the launcher's kc), so a round only
