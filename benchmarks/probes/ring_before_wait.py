@@ -13,7 +13,8 @@ before finishes; ptxas, free to move read-only loads below an acquire, decides p
 before the wait (NVFP4 with K warps, two m16 tiles or gated) and 14 none — every FP8 one, NVFP4 at depth 4 and 8,
 Llama-3.1-8B's down projection and the lm_head: an early launch prefetched nothing for them. The first fill as
 volatile inline-asm loads gave 10 whole rings; with every loaded word also used before the wait (a volatile shared
-store of their xor), all 20 (`results/ring_before_wait_cpu.json`, the kernel since). Not yet timed on a GPU.
+store of their xor), all 20. Timed on an H100 that pinned fill made FP8 3% faster and NVFP4 6% slower, so the kernel
+pins it for FP8 alone (`results/ring_before_wait_cpu.json`: the kernel since; `results/ring_before_wait_h100.json`).
 """
 
 from __future__ import annotations

@@ -214,13 +214,26 @@ def test_every_variant_compiles(sm):
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("fmt, gated, mt, warps, depth, kw, split", [
-    ("nvfp4", False, 1, 8, 2, 1, 16), ("nvfp4", False, 1, 8, 8, 1, 1), ("nvfp4", True, 1, 4, 4, 1, 4),
-    ("nvfp4", False, 2, 8, 2, 2, 2), ("fp8", False, 1, 4, 8, 1, 8), ("fp8", True, 1, 4, 2, 1, 8)])
-def test_an_early_launch_loads_its_ring_before_it_waits(fmt, gated, mt, warps, depth, kw, split):
-    """sm_90's early launch (SASS, probes/ring_before_wait.py): the ring's whole first fill — code words, NVFP4 scale
-    words — is issued before griddepcontrol.wait (ACQBULK), so the weights stream while the kernel before finishes,
-    and no pointer but the weights' is read before it (configs where plain loads were all moved below the wait)."""
+@pytest.mark.parametrize("gated, warps, depth, split", [(False, 4, 8, 8), (True, 4, 2, 8), (False, 8, 4, 1)])
+def test_an_early_fp8_launch_loads_its_ring_before_it_waits(gated, warps, depth, split):
+    """sm_90's early launch of FP8 weights (SASS, probes/ring_before_wait.py): the ring's whole first fill is issued
+    before griddepcontrol.wait (ACQBULK), so the weights stream while the kernel before finishes, and no pointer but
+    the weights' is read before it (configs where ptxas moved every plain load below the wait)."""
+    loads, pointers = early_loads("fp8", gated, 1, warps, depth, 1, split)
+    assert loads == depth * 2 * (2 if gated else 1)
+    assert set(pointers) <= {"codes", "scales"}, pointers
+
+
+@needs_nvrtc
+def test_an_early_nvfp4_launch_leaves_its_ring_to_ptxas():
+    """NVFP4's first fill stays plain loads (pinned before the wait it decoded 6% slower on an H100): in a config
+    where ptxas moves them, none is before the wait — so the test above fails if FP8's pinning stops working, and
+    this one if NVFP4 is pinned again without a new measurement."""
+    loads, _ = early_loads("nvfp4", False, 1, 8, 8, 1, 1)
+    assert loads == 0
+
+
+def early_loads(fmt, gated, mt, warps, depth, kw, split):
     from helpers import load_script
 
     probe = load_script("probes/ring_before_wait.py")
@@ -231,9 +244,7 @@ def test_an_early_launch_loads_its_ring_before_it_waits(fmt, gated, mt, warps, d
     defines = dict(source_defines(fmt, "bf16"), FP8=int(fmt == "fp8"), NT=1, MT=mt, WARPS=warps, DEPTH=depth, BF16=1,
                    GATED=int(gated), HAS_BIAS=0, OUT_F32=0, EARLY=1, VEC_X=1, SPLIT=split, KW=kw,
                    **weight_mma.arch_defines(90))
-    loads, pointers = probe.before_wait(weight_mma._source(), defines, tool)
-    assert loads == depth * (2 if fmt == "fp8" else 3) * mt * (2 if gated else 1)
-    assert set(pointers) <= {"codes", "scales"}, pointers
+    return probe.before_wait(weight_mma._source(), defines, tool)
 
 
 def cuda_12_nvrtc() -> str | None:

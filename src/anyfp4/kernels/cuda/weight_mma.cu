@@ -193,13 +193,14 @@ __device__ __forceinline__ void copy_8_bytes_async(u32* dst, const u16* src, boo
 __device__ __forceinline__ void wait_async_copies() {}
 #endif
 
-// The ring's first fill in an early launch, issued before griddepcontrol.wait so that the weights — which no kernel
-// writes — stream while the kernel before finishes. ptxas may move read-only loads below that acquire, and moved the
-// plain ones in 14 of the 20 sm_90 launch-table configs (benchmarks/probes/ring_before_wait.py): as volatile asm, and
-// every word used before the wait (ring_used), they stay before it in all of them.
-// Without an early launch there is no wait to stay before: plain loads, scheduled as ptxas likes.
+// The ring's first fill in an early launch of FP8 weights, issued before griddepcontrol.wait so that the weights —
+// which no kernel writes — stream while the kernel before finishes. ptxas may move read-only loads below that acquire
+// and moved the plain ones in every FP8 config of the sm_90 launch table (benchmarks/probes/ring_before_wait.py): as
+// volatile asm, and every word used before the wait (ring_used), they stay before it. Timed on an H100 (2026-12-06,
+// random Llama-3.1-8B, benchmarks/NOTES.md): FP8 decode +3%, NVFP4 -6% (its fill pinned too), so NVFP4 keeps plain
+// loads scheduled as ptxas likes, as does every launch without a wait.
 __device__ __forceinline__ uint4 load_ring_words(const uint4* p) {
-#if EARLY
+#if EARLY && FP8
     uint4 v;
     asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
@@ -209,7 +210,7 @@ __device__ __forceinline__ uint4 load_ring_words(const uint4* p) {
 }
 
 __device__ __forceinline__ u32 load_ring_scales(const u32* p) {
-#if EARLY
+#if EARLY && FP8
     u32 v;
     asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
     return v;
@@ -542,7 +543,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #endif
     }
 
-#if EARLY
+#if EARLY && FP8
     {
         u32 seen = 0;  // every word of the first fill (slots past the block's steps were never loaded: left out)
 #pragma unroll
@@ -557,6 +558,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 }
         ring_used(xs, seen);
     }
+#endif
+#if EARLY
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     // Staging rounds start at s_beg and are a multiple of DEPTH steps long (the launcher's kc), so a round only
