@@ -56,7 +56,7 @@ SCALED_MM_ROW_ALIGN = 16  # torch._scaled_mm wants M a multiple of 16
 E2E_MODEL, E2E_TIMEOUT_S, E2E_RESERVE_S = "llama-3.1-8b", 150, 200
 # (--format and its options, --compare): two formats per process, the four of the scoreboard
 E2E_PAIRS = ((("nvfp4",), "bf16"), (("nvfp4", "--quantized-lm-head"), "fp8"))
-E2E_RUNS = ((1, 128, 64), (16, 128, 64), (1, 2048, 8))  # (batch, prompt length, tokens decoded)
+E2E_RUNS = ((1, 128, 64), (16, 128, 64), (1, 2048, 64))  # (batch, prompt length, tokens decoded)
 DRY_E2E_RUNS = ((1, 16, 4), (2, 32, 4))
 
 

@@ -47,6 +47,29 @@ def test_left_padded_batch_equals_single_runs(model):
     assert batch == [generate(model, [p], params)[0] for p in prompts]
 
 
+def test_a_prefill_reads_its_visible_slots_from_the_device_once(model, monkeypatch):
+    """A prompt longer than a decode step reads where its keys start and end from the device once per forward (each
+    read waits for the GPU), not once per attention layer; the values are the batch's own."""
+    from anyfp4.runtime import model as model_module
+
+    spans = []
+
+    def counted(*args):
+        spans.append(real(*args))
+        return spans[-1]
+
+    real = model_module.visible_span
+    monkeypatch.setattr(model_module, "visible_span", counted)
+    prompts = [[7] * 40, [3] * 36]
+    from anyfp4.runtime.generate import left_padded
+
+    model.setup_caches(2, 48)
+    tokens, valid, rope, _ = left_padded(prompts, 48, model.device)
+    with torch.no_grad():
+        model(tokens, torch.arange(40), rope, valid, last=True)
+    assert len(model.blocks) == 2 and spans == [(0, 40, [0, 4])]
+
+
 @pytest.mark.skipif(__import__("anyfp4.kernels.cpu.linear", fromlist=["library"]).library() is None,
                     reason="no C compiler builds the CPU kernels (torch's GEMM then sums a row by the row count)")
 def test_a_padded_row_is_computed_as_alone(model):

@@ -102,7 +102,7 @@ class GatedDeltaNet(nn.Module):
             state.copy_(snapshot)
 
     def forward(self, x: torch.Tensor, cos=None, sin=None, mask: torch.Tensor | None = None,
-                input_pos: torch.Tensor | None = None, key_start=None) -> torch.Tensor:
+                input_pos: torch.Tensor | None = None, key_start=None, span=None) -> torch.Tensor:
         """x (b, t, hidden), the t tokens after those the states have seen -> (b, t, hidden). Of an attention
         layer's arguments only a left-padded batch's ``mask`` (b, 1, t, S) and ``input_pos`` are read, for which
         tokens are padding (their own slots masked): a padded token enters the convolution as zeros and neither

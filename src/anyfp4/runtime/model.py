@@ -89,7 +89,7 @@ class Attention(nn.Module):
         q_rows = a.num_heads * a.head_dim * (2 if a.attn_output_gate else 1)
         return self.qkv(x).split([q_rows, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim], dim=-1)
 
-    def forward(self, x, cos, sin, mask, input_pos, key_start=None):
+    def forward(self, x, cos, sin, mask, input_pos, key_start=None, span=None):
         a = self.args
         b, t, _ = x.shape
         q, k, v = self.project(x)
@@ -107,14 +107,15 @@ class Attention(nn.Module):
         # the compiler; the caches stay plain in-place updates, with no functionalized copies of them).
         rope = rope_cache_reference if torch.compiler.is_compiling() else torch.ops.anyfp4.rope_cache
         q = rope(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos).transpose(1, 2)
-        y = self.attend(q, mask, input_pos, key_start)  # (b, t, h * hd)
+        y = self.attend(q, mask, input_pos, key_start, span)  # (b, t, h * hd)
         if gate is not None:
             y = y * per_row(torch.sigmoid, gate)
         return self.o_proj(y)
 
-    def attend(self, q, mask, input_pos, key_start=None):
+    def attend(self, q, mask, input_pos, key_start=None, span=None):
         """q (b, h, t, hd) at the consecutive cache slots ``input_pos`` over the caches -> (b, t, h * hd).
-        ``key_start`` (b,): each sequence's first valid slot (a left-padded batch)."""
+        ``key_start`` (b,): each sequence's first valid slot (a left-padded batch); ``span``: ``visible_span`` of
+        the two, read once per forward (else read here)."""
         a = self.args
         b, _, t, _ = q.shape
         if t <= DECODE_ROWS and q.is_cuda:  # rows independent of t: decode and verify steps give the same bits
@@ -124,19 +125,17 @@ class Attention(nn.Module):
             # a compiled or captured step of more than DECODE_ROWS rows: the whole cache, no host values
             y = self.attend_slots(q, self.k_cache, self.v_cache, mask)
         else:
-            y = self.attend_visible(q, mask, input_pos, key_start)
+            y = self.attend_visible(q, mask, input_pos, key_start, span)
         return y.transpose(1, 2).reshape(b, t, a.num_heads * a.head_dim)
 
-    def attend_visible(self, q, mask, input_pos, key_start):
+    def attend_visible(self, q, mask, input_pos, key_start, span=None):
         """Each sequence over exactly the slots it may see, its first valid one to the last new position: a prompt's
         rows get the same shapes, and so the same bits, alone and in a left-padded batch (and the cache past the
         prompt is not read)."""
-        end = int(input_pos[-1]) + 1
-        starts = [0] * q.shape[0] if key_start is None else key_start.tolist()
+        first, end, starts = span or visible_span(input_pos, key_start, q.shape[0])
         if not any(starts):
             return self.attend_slots(q, self.k_cache[:, :, :end], self.v_cache[:, :, :end], mask[..., :end])
         y = q.new_zeros(q.shape)  # a padding position sees no key; with a start the mask is (b, 1, t, S)
-        first = int(input_pos[0])
         for i, s in enumerate(starts):
             j = max(0, min(s - first, q.shape[2]))  # the row's first position at or past its first valid slot
             if j >= q.shape[2]:
@@ -160,20 +159,29 @@ class Attention(nn.Module):
             return F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)
 
 
+def visible_span(input_pos: torch.Tensor, key_start: torch.Tensor | None, batch: int) -> tuple[int, int, list[int]]:
+    """(first new slot, last new slot + 1, each sequence's first valid slot) on the host, in one read of the device:
+    what an attention layer's prefill needs to cut its keys to the visible slots."""
+    ends = input_pos[[0, -1]].to(torch.int64)
+    values = (ends if key_start is None else torch.cat([ends, key_start.to(torch.int64)])).tolist()
+    return values[0], values[1] + 1, values[2:] if key_start is not None else [0] * batch
+
+
 class Block(nn.Module):
     def __init__(self, attn: Attention, mlp: nn.Module, input_norm: RMSNorm, post_norm: RMSNorm):
         super().__init__()
         self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
 
-    def forward(self, x, delta, cos, sin, mask, input_pos, key_start=None):
+    def forward(self, x, delta, cos, sin, mask, input_pos, key_start=None, span=None):
         """x: the residual stream; delta: the previous block's MLP output not yet added to it (None before
         the first block) — each residual add is fused into the norm that follows it. Returns the
-        residual stream and this block's MLP output, still to be added."""
+        residual stream and this block's MLP output, still to be added. ``span``: ``visible_span``, read once
+        per forward."""
         if delta is None:
             n = self.input_norm(x)
         else:
             x, n = self.input_norm.add_and_norm(x, delta)
-        x, n = self.post_norm.add_and_norm(x, self.attn(n, cos, sin, mask, input_pos, key_start))
+        x, n = self.post_norm.add_and_norm(x, self.attn(n, cos, sin, mask, input_pos, key_start, span))
         return x, self.mlp(n)
 
 
@@ -250,8 +258,12 @@ class Transformer(nn.Module):
         if key_start is None:  # one fill per forward, not one per attention call
             key_start = torch.zeros(tokens.shape[0], dtype=torch.int64, device=tokens.device)
         delta = None
+        span = None
+        if tokens.shape[1] > DECODE_ROWS and not (torch.compiler.is_compiling() or (
+                tokens.is_cuda and torch.cuda.is_current_stream_capturing())):
+            span = visible_span(input_pos, key_start, tokens.shape[0])  # one wait for the device, not one a layer
         for blk in self.blocks:
-            x, delta = blk(x, delta, cos, sin, mask, input_pos, key_start)
+            x, delta = blk(x, delta, cos, sin, mask, input_pos, key_start, span)
         n = self.norm(x) if delta is None else self.norm.add_and_norm(x, delta)[1]
         logits = self.lm_head(n[:, -1:] if last else n).float()
         return (logits, n) if hidden else logits
