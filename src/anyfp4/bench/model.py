@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import statistics
 import time
 
 import torch
@@ -11,6 +12,10 @@ from ..nn.linear import DenseLinear, FP8Linear, NVFP4Linear
 from ..runtime.experts import MixtureOfExperts
 from ..runtime.model import Transformer
 from .timing import graph_seconds, sync
+
+# prefills timed on a GPU, their median reported: one alone moved 20-60% between runs of a short prompt (the first
+# after new caches among them); on the CPU one (its prefill is slow, and the host does not run ahead of it)
+PREFILL_REPEATS = 5
 
 
 def _linear_bytes(module: torch.nn.Module) -> int:
@@ -42,11 +47,11 @@ def weight_bytes_per_token(model: Transformer) -> int:
 def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, seed: int = 0,
                 compile_decode: bool = False, speculate: int = 0, draft_model: Transformer | None = None,
                 mtp=None) -> dict:
-    """Prefill and decode speed on a random prompt. ``speculate`` = k > 0 also runs greedy speculative
-    decoding with k drafted tokens (prompt lookup, ``draft_model``, or the MTP head ``mtp``) on the first prompt and
-    reports its
-    speed, acceptance length and whether its text equals plain decoding; the prompt then repeats a
-    16-token random chunk, so that prompt lookup finds something (batch 1 only)."""
+    """Prefill (the median of ``PREFILL_REPEATS`` on a GPU) and decode speed on a random prompt. ``speculate`` = k > 0
+    also runs greedy speculative decoding with k drafted tokens (prompt lookup, ``draft_model``, or the MTP head
+    ``mtp``) on the first prompt and reports its speed, acceptance length and whether its text equals plain
+    decoding; the prompt then repeats a 16-token random chunk, so that prompt lookup finds something (batch 1
+    only)."""
     from ..runtime.generate import decode_step
 
     device = model.device
@@ -65,16 +70,19 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
     for i in range(3):  # compiles / captures the decode step when asked to; inputs built like the real ones
         tok = torch.empty(batch, dtype=torch.long, device=device).copy_(prompt[:, i])  # same strides as argmax
         step_fn(tok[:, None], torch.tensor([8 + i], device=device))
-    # the warm-ups advanced any recurrent (Gated DeltaNet) states: start again from zero (the same tensors, so
-    # captured graphs stay valid); KV caches are rewritten by the prefill anyway
-    model.setup_caches(batch, cache_slots(model, prompt_len, gen_len))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    sync(device)
-    t0 = time.perf_counter()
-    logits = model(prompt, torch.arange(prompt_len, device=device), last=True)
-    sync(device)
-    t_prefill = time.perf_counter() - t0
+    prefill_times = []
+    for _ in range(PREFILL_REPEATS if device.type == "cuda" else 1):
+        # the warm-ups (and a repeat) advanced any recurrent (Gated DeltaNet) states: start again from zero (the
+        # same tensors, so captured graphs stay valid); KV caches are rewritten by the prefill anyway
+        model.setup_caches(batch, cache_slots(model, prompt_len, gen_len))
+        sync(device)
+        t0 = time.perf_counter()
+        logits = model(prompt, torch.arange(prompt_len, device=device), last=True)
+        sync(device)
+        prefill_times.append(time.perf_counter() - t0)
+    t_prefill = statistics.median(prefill_times)
     tokens = []
     nxt = logits[:, -1].argmax(-1)
     pos = torch.tensor([prompt_len], device=device)  # kept on the device, as generate keeps it: no wait per step
@@ -96,6 +104,7 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
         "device": str(device), "dtype": str(model.dtype).replace("torch.", ""),
         "prompt_len": prompt_len, "gen_len": gen_len, "batch": batch,
         "prefill_tok_s": batch * prompt_len / t_prefill,
+        "prefill_repeats": len(prefill_times),
         "decode_tok_s": batch * steps / t_decode,
         "ms_per_step": 1e3 * t_decode / steps,
         "weight_bytes_per_step": per_token,
