@@ -69,16 +69,17 @@ def cpu_kernels() -> str:
     return _choice("ANYFP4_CPU_KERNELS", CPU_KERNEL_CHOICES, "auto")
 
 
-PREFILL_MODES = ("cublas", "chunked", "fused")
+PREFILL_MODES = ("auto", "cublas", "chunked", "fused")
 
 
 def prefill_mode() -> str:
-    """``ANYFP4_PREFILL``: how quantized linears run more than 32 rows on a GPU. ``cublas`` (default):
-    dequantize, then cuBLAS; ``chunked``: the decode kernels, 32 rows at a time (sm_80+), and float layers of at
-    most 256 outputs through their decode GEMV — slower for long prompts, but a row's bits then depend neither on
-    the prompt's length nor, with two tensor-parallel ranks, on the split over GPUs; ``fused`` (NVFP4): one Triton GEMM decoding the weight tiles in registers, no dense
-    copy of the weight (being measured against ``cublas``). Read inside the op."""
-    return _choice("ANYFP4_PREFILL", PREFILL_MODES, "cublas")
+    """``ANYFP4_PREFILL``: how quantized linears run more than 32 rows on a GPU. ``auto`` (default): by the call's
+    rows and the weight's shape (``dispatch.policy.auto_prefill_kernel``); ``cublas``: dequantize, then cuBLAS;
+    ``chunked``: the decode kernels, 32 rows at a time (sm_80+), and float layers of at most 256 outputs through
+    their decode GEMV — slower for long prompts, but a row's bits then depend neither on the prompt's length nor,
+    with two tensor-parallel ranks, on the split over GPUs; ``fused`` (NVFP4): one Triton GEMM decoding the weight
+    tiles in registers, no dense copy of the weight. Read inside the op."""
+    return _choice("ANYFP4_PREFILL", PREFILL_MODES, "auto")
 
 
 GDN_PREFILL_MODES = ("torch", "recurrent", "chunked")

@@ -48,9 +48,37 @@ def act_pack_auto(sm: int, m: int) -> bool:
     return first is not None and m >= first
 
 
+# ANYFP4_PREFILL=auto on sm_90+ (H100, 2026-12-06, benchmarks/results/prefill_modes_h100.json, x bf16 F.linear):
+# dequantize + cuBLAS costs ~2.5 bytes a weight before its GEMM, 0.41-0.65x bf16 at 48-256 rows. The decode kernel
+# in two 32-row chunks beat it up to 64 rows on weights of >= ~40M elements (28672x8192 at 48 rows: 170 vs 392 us;
+# 8704x5120 at 64: 78 vs 82) and lost on smaller ones (6144x4096 at 64: 51 vs 44); NVFP4's fused Triton GEMM beat it
+# at 96-128 rows on weights of >= 14336 rows and K <= 8192 (gate+up 28672x4096: 132 vs 217; 62080x5120: 392 vs 540)
+# but has a ~80 us floor (4096x4096) and lost at K = 14336 and from 256 rows.
+AUTO_CHUNKS_MAX_ROWS = 2 * DECODE_ROWS
+AUTO_CHUNKS_MIN_WEIGHT = 40_000_000  # weight elements (both halves of a gated weight)
+AUTO_FUSED_MAX_ROWS = 4 * DECODE_ROWS
+AUTO_FUSED_MIN_OUT_ROWS = 14336  # weight rows (both halves of a gated weight)
+AUTO_FUSED_MAX_K = 8192
+AUTO_MIN_SM = 90  # where those were measured; elsewhere dequantize + cuBLAS
+
+
+def auto_prefill_kernel(fmt: str, m: int, sm: int, mma_enabled: bool, weight_rows: int, k: int) -> Kernel:
+    """``ANYFP4_PREFILL=auto``'s kernel for an ``m``-row prefill call (m > DECODE_ROWS) of a ``weight_rows`` x ``k``
+    weight (a gated weight's rows: both halves), by the measurements above — made with fp16 / bf16 activations on
+    a GPU the CUDA decode kernel serves (``mma_enabled``); without it, dequantize + cuBLAS."""
+    if sm < AUTO_MIN_SM or not mma_enabled:
+        return Kernel.DEQUANTIZE_CUBLAS
+    if m <= AUTO_CHUNKS_MAX_ROWS and weight_rows * k >= AUTO_CHUNKS_MIN_WEIGHT:
+        return Kernel.CUDA_MMA_ROW_CHUNKS
+    if (fmt == "nvfp4" and m <= AUTO_FUSED_MAX_ROWS and weight_rows >= AUTO_FUSED_MIN_OUT_ROWS
+            and k <= AUTO_FUSED_MAX_K):
+        return Kernel.TRITON_FUSED_PREFILL
+    return Kernel.DEQUANTIZE_CUBLAS
+
+
 def choose_kernel(fmt: str, m: int, sm: int | None, *, mma_enabled: bool = False, prefill: str = "cublas",
                   act_pack: str = "auto", fp8_prefill: str = "weight-only", has_input_scale: bool = False,
-                  partial: bool = False) -> Choice:
+                  partial: bool = False, weight_shape: tuple[int, int] | None = None) -> Choice:
     """The kernel for an ``m``-row call of a ``fmt`` layer.
 
     ``sm``: the CUDA device's sm (major * 10 + minor), None off CUDA; ``mma_enabled``: the CUDA decode kernel
@@ -60,9 +88,10 @@ def choose_kernel(fmt: str, m: int, sm: int | None, *, mma_enabled: bool = False
 
     Decode-sized calls (M <= DECODE_ROWS) take the CUDA kernel where it serves, else the Triton GEMV (M = 1) or
     decode kernel (NVFP4; FP8 has none and dequantizes). Prefill takes dequantize + cuBLAS unless
-    ``ANYFP4_PREFILL`` says ``chunked`` (the CUDA kernel in row chunks, where it serves) or ``fused`` (NVFP4's
-    fused Triton GEMM); an FP8 layer with an input scale, not asked for its share, takes W8A8 with
-    ``ANYFP4_FP8_PREFILL=w8a8`` on the CPU, or on sm_89+ unless ``chunked``.
+    ``ANYFP4_PREFILL`` says ``chunked`` (the CUDA kernel in row chunks, where it serves), ``fused`` (NVFP4's
+    fused Triton GEMM) or ``auto`` with a ``weight_shape`` (rows, K) that ``auto_prefill_kernel`` gives another
+    kernel; an FP8 layer with an input scale, not asked for its share, takes W8A8 with ``ANYFP4_FP8_PREFILL=w8a8``
+    on the CPU, or on sm_89+ unless ``chunked``.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r} (one of {', '.join(FORMATS)})")
@@ -78,7 +107,9 @@ def choose_kernel(fmt: str, m: int, sm: int | None, *, mma_enabled: bool = False
             return Choice(Kernel.W8A8_SCALED_MM)
     if sm is None:
         return Choice(Kernel.CPU, warning=warning)
-    if not prefill_rows and mma_enabled:
+    if prefill_rows and prefill == "auto" and weight_shape is not None:
+        kernel = auto_prefill_kernel(fmt, m, sm, mma_enabled, *weight_shape)
+    elif not prefill_rows and mma_enabled:
         kernel = Kernel.CUDA_MMA
     elif prefill_rows and prefill == "chunked" and mma_enabled:
         kernel = Kernel.CUDA_MMA_ROW_CHUNKS

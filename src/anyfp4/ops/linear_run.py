@@ -98,16 +98,16 @@ def cpu_linear(x: Tensor, w, bias: Optional[Tensor], fmt: FormatKernels, partial
 
 
 def _choice(fmt: FormatKernels, m: int, sm: Optional[int], partial: bool, input_scale: Optional[Tensor],
-            dtype: torch.dtype) -> Choice:
-    """The policy's choice, from the switches of ``env.py`` and (on a GPU) whether the CUDA kernel serves it and
-    the activation dtype."""
+            dtype: torch.dtype, weight_shape: tuple[int, int]) -> Choice:
+    """The policy's choice, from the switches of ``env.py`` and (on a GPU) whether the CUDA kernel serves it, the
+    activation dtype and the weight's (rows, K)."""
     facts = dict(partial=partial, has_input_scale=input_scale is not None)
     if fmt.name == "fp8" and input_scale is not None:  # the switch matters only for a layer with an input scale
         facts["fp8_prefill"] = env.fp8_prefill_mode()
     if sm is not None:
         from ..kernels.cuda import weight_mma
 
-        facts.update(mma_enabled=weight_mma.enabled(sm, dtype), prefill=env.prefill_mode())
+        facts.update(mma_enabled=weight_mma.enabled(sm, dtype), prefill=env.prefill_mode(), weight_shape=weight_shape)
         if fmt.name == "nvfp4":
             facts["act_pack"] = env.act_pack_mode()
     return choose_kernel(fmt.name, m, sm, **facts)
@@ -132,7 +132,8 @@ def run_linear(x: Tensor, w, bias: Optional[Tensor], fmt: FormatKernels, *, part
         sm, sms = device.device_arch(x.device.index)
     else:
         sm, sms = None, 0
-    choice = _choice(fmt, m, sm, partial, input_scale, x.dtype)
+    weight_shape = (w.out_features * (2 if w.gated else 1), w.in_features)
+    choice = _choice(fmt, m, sm, partial, input_scale, x.dtype, weight_shape)
     if choice.warning:
         warn_once(choice.warning)
     kernel = choice.kernel
