@@ -146,18 +146,18 @@ def test_speculation_refuses_a_path_whose_verify_rows_change_bits(monkeypatch):
 
 
 @pytest.mark.parametrize("fmt, m, sm, mma, shape, expected", [
-    ("nvfp4", 48, 90, True, (28672, 8192), K.CUDA_MMA_ROW_CHUNKS),  # a large weight, up to 64 rows: two chunks
-    ("fp8", 64, 90, True, (8704, 5120), K.CUDA_MMA_ROW_CHUNKS),
-    ("nvfp4", 64, 90, True, (6144, 4096), K.DEQUANTIZE_CUBLAS),  # 25M elements: cuBLAS measured faster
     ("nvfp4", 65, 90, True, (28672, 4096), K.TRITON_FUSED_PREFILL),  # gate + up, 65-128 rows: the fused GEMM
     ("nvfp4", 128, 90, True, (62080, 5120), K.TRITON_FUSED_PREFILL),
+    ("nvfp4", 128, 90, True, (14336, 8192), K.TRITON_FUSED_PREFILL),
+    ("nvfp4", 64, 90, True, (28672, 8192), K.DEQUANTIZE_CUBLAS),  # up to 64 rows: cuBLAS (end to end faster)
     ("nvfp4", 129, 90, True, (62080, 5120), K.DEQUANTIZE_CUBLAS),
     ("nvfp4", 96, 90, True, (4096, 14336), K.DEQUANTIZE_CUBLAS),  # K = 14336: the fused GEMM measured slower
+    ("nvfp4", 96, 90, True, (14336, 8200), K.DEQUANTIZE_CUBLAS),
     ("nvfp4", 96, 90, True, (8704, 5120), K.DEQUANTIZE_CUBLAS),  # fewer rows than 14336
     ("fp8", 96, 90, True, (28672, 4096), K.DEQUANTIZE_CUBLAS),  # no fused FP8 GEMM
-    ("nvfp4", 48, 89, True, (28672, 8192), K.DEQUANTIZE_CUBLAS),  # measured on sm_90 only
-    ("nvfp4", 48, 90, False, (28672, 8192), K.DEQUANTIZE_CUBLAS),  # float32 activations / Triton kernels asked
-    ("nvfp4", 32, 90, True, (28672, 8192), K.CUDA_MMA),  # decode-sized: not a prefill
+    ("nvfp4", 96, 89, True, (28672, 4096), K.DEQUANTIZE_CUBLAS),  # measured on sm_90 only
+    ("nvfp4", 96, 90, False, (28672, 4096), K.DEQUANTIZE_CUBLAS),  # float32 activations / Triton kernels asked
+    ("nvfp4", 32, 90, True, (28672, 4096), K.CUDA_MMA),  # decode-sized: not a prefill
 ])
 def test_auto_prefill_picks_by_rows_and_shape(fmt, m, sm, mma, shape, expected):
     assert choose_kernel(fmt, m, sm, mma_enabled=mma, prefill="auto", weight_shape=shape).kernel is expected

@@ -78,31 +78,26 @@ def test_rows_keep_their_bits_whatever_the_call(emulated_gpu, monkeypatch, fmt):
     assert rel_err(gpu(x, p, None), ref(x, p, None).double()) < 4e-3
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-def test_auto_prefill_sizes_a_weight_by_both_its_halves(emulated_gpu, monkeypatch, fmt):
-    """ANYFP4_PREFILL=auto (the default) with the chunk threshold at this test's plain weight: 40 rows of it and of
-    the gated weight (twice its elements) go through the decode kernel in chunks, each row with a one-row call's
-    bits; one element more and only the gated weight does."""
+def test_auto_prefill_counts_both_halves_of_a_gated_weight(emulated_gpu, monkeypatch):
+    """ANYFP4_PREFILL=auto (the default) with the fused GEMM's row threshold at twice this test's weight: 70 rows of
+    the gated weight (both halves) take the fused GEMM, of the plain weight dequantize + cuBLAS; decode-sized calls
+    the decode kernel."""
     from anyfp4.dispatch import policy
+    from anyfp4.kernels.triton import nvfp4_decode
 
     gen = torch.Generator().manual_seed(33)
-    p, pg, gpu, _ = layers(fmt, gen)
-    x = torch.randn(40, K, generator=gen).to(torch.bfloat16)
-    chunked = []
-    real = getattr(weight_mma, f"{fmt}_mma_gemm_chunks")
-    monkeypatch.setattr(weight_mma, f"{fmt}_mma_gemm_chunks", lambda *a, **kw: chunked.append(1) or real(*a, **kw))
+    p, pg, gpu, ref = layers("nvfp4", gen)
+    fused = []
+    monkeypatch.setattr(nvfp4_decode, "nvfp4_fused_gemm", lambda x, w, *a, **kw: fused.append(w.gated) or
+                        nvfp4_reference(x, w, None))
     monkeypatch.delenv("ANYFP4_PREFILL", raising=False)
-    monkeypatch.setattr(policy, "AUTO_CHUNKS_MIN_WEIGHT", N * K)
-    y = gpu(x, p, None, partial=True)
-    assert len(chunked) == 1
-    assert all(torch.equal(y[i:i + 1], gpu(x[i:i + 1], p, None, partial=True)) for i in (0, 33, 39))
+    monkeypatch.setattr(policy, "AUTO_FUSED_MIN_OUT_ROWS", 2 * N)
+    x = torch.randn(70, K, generator=gen).to(torch.bfloat16)
     gpu(x, pg, None)
-    assert len(chunked) == 2
-    monkeypatch.setattr(policy, "AUTO_CHUNKS_MIN_WEIGHT", N * K + 1)
-    gpu(x, pg, None)
-    assert len(chunked) == 3
-    gpu(x, p, None)
-    assert len(chunked) == 3
+    gpu(x[:32], pg, None)
+    assert fused == [True]
+    assert rel_err(gpu(x, p, None), ref(x, p, None).double()) < 4e-3  # dequantize + cuBLAS
+    assert fused == [True]
 
 
 @pytest.mark.parametrize("sm, sms", [(75, 40), (70, 80)], ids=["turing", "volta"])

@@ -49,13 +49,14 @@ def act_pack_auto(sm: int, m: int) -> bool:
 
 
 # ANYFP4_PREFILL=auto on sm_90+ (H100, 2026-12-06, benchmarks/results/prefill_modes_h100.json, x bf16 F.linear):
-# dequantize + cuBLAS costs ~2.5 bytes a weight before its GEMM, 0.41-0.65x bf16 at 48-256 rows. The decode kernel
-# in two 32-row chunks beat it up to 64 rows on weights of >= ~40M elements (28672x8192 at 48 rows: 170 vs 392 us;
-# 8704x5120 at 64: 78 vs 82) and lost on smaller ones (6144x4096 at 64: 51 vs 44); NVFP4's fused Triton GEMM beat it
-# at 96-128 rows on weights of >= 14336 rows and K <= 8192 (gate+up 28672x4096: 132 vs 217; 62080x5120: 392 vs 540)
-# but has a ~80 us floor (4096x4096) and lost at K = 14336 and from 256 rows.
-AUTO_CHUNKS_MAX_ROWS = 2 * DECODE_ROWS
-AUTO_CHUNKS_MIN_WEIGHT = 40_000_000  # weight elements (both halves of a gated weight)
+# dequantize + cuBLAS costs ~2.5 bytes a weight before its GEMM, 0.41-0.65x bf16 at 48-256 rows. NVFP4's fused
+# Triton GEMM beat it at 96-128 rows on weights of >= 14336 rows and K <= 8192 (gate+up 28672x4096: 132 vs 217 us;
+# 62080x5120: 392 vs 540) but has a ~80 us floor (4096x4096) and lost at K = 14336 and from 256 rows; end to end a
+# 128-token prompt of random Llama-3.1-8B NVFP4 prefilled at 1930 tok/s against 1545 (median of 5 each). The decode
+# kernel in 32-row chunks also beat cuBLAS per layer up to 64 rows on weights of >= 40M elements (28672x8192 at 48
+# rows: 170 vs 392 us), but a 48-token prompt prefilled slower with it (798 vs 865 tok/s: a short prompt is bound
+# by the host, and chunks launch more): not taken.
+AUTO_FUSED_MIN_ROWS = 2 * DECODE_ROWS + 1  # call rows
 AUTO_FUSED_MAX_ROWS = 4 * DECODE_ROWS
 AUTO_FUSED_MIN_OUT_ROWS = 14336  # weight rows (both halves of a gated weight)
 AUTO_FUSED_MAX_K = 8192
@@ -66,12 +67,8 @@ def auto_prefill_kernel(fmt: str, m: int, sm: int, mma_enabled: bool, weight_row
     """``ANYFP4_PREFILL=auto``'s kernel for an ``m``-row prefill call (m > DECODE_ROWS) of a ``weight_rows`` x ``k``
     weight (a gated weight's rows: both halves), by the measurements above — made with fp16 / bf16 activations on
     a GPU the CUDA decode kernel serves (``mma_enabled``); without it, dequantize + cuBLAS."""
-    if sm < AUTO_MIN_SM or not mma_enabled:
-        return Kernel.DEQUANTIZE_CUBLAS
-    if m <= AUTO_CHUNKS_MAX_ROWS and weight_rows * k >= AUTO_CHUNKS_MIN_WEIGHT:
-        return Kernel.CUDA_MMA_ROW_CHUNKS
-    if (fmt == "nvfp4" and m <= AUTO_FUSED_MAX_ROWS and weight_rows >= AUTO_FUSED_MIN_OUT_ROWS
-            and k <= AUTO_FUSED_MAX_K):
+    if (fmt == "nvfp4" and sm >= AUTO_MIN_SM and mma_enabled and AUTO_FUSED_MIN_ROWS <= m <= AUTO_FUSED_MAX_ROWS
+            and weight_rows >= AUTO_FUSED_MIN_OUT_ROWS and k <= AUTO_FUSED_MAX_K):
         return Kernel.TRITON_FUSED_PREFILL
     return Kernel.DEQUANTIZE_CUBLAS
 
