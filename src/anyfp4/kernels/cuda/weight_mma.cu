@@ -51,29 +51,29 @@
 // SPLIT * KW slices then gets the bits that split-K SPLIT * KW with one K warp gives it: only the number of
 // slices sets a row's bits, not how they are spread over blocks and warps.
 //
-// Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16 tiles
-// per warp), WARPS, KW (warps along K per row tile), DEPTH (steps of code words in flight per thread), BF16 (activation dtype), GATED, HAS_BIAS,
-// MMA_K8 and ASYNC_COPY (the architecture's mma shape and staging copies, above),
-// VEC_X (activation rows 16-byte aligned and K % 8 == 0: staged by cp.async), SPLIT (split-K slices, = gridDim.y),
-// OUT_F32 (float32 output, unrounded and before the global / row scale: a row-parallel rank's share; plain prepacks
-// without bias only), EARLY (a programmatic dependent launch on sm_90: the block fills its ring of code words —
-// weights, which no kernel writes — while the previous kernel finishes, and waits for it (griddepcontrol.wait)
-// before it reads the activations or writes anything; it lets the next such kernel start as soon as all its own
-// blocks run (griddepcontrol.launch_dependents), since that kernel too waits before it reads or writes anything
-// a kernel writes); EXPERTS (a mixture of experts' grouped launch: block z runs pair z = blockIdx.z of a decode
-// step's (token, expert) pairs — expert ids[z]'s prepack, found expert_c4 / expert_s2 / expert_g (codes in uint4,
-// scales in u16, global or row scales in floats) on from the first expert's, over activation row z / pairs_per_row,
-// into output row z; M = 1 and no split-K, so a pair gets the bits this launch gives that row with that expert alone;
-// never an early launch: early-launched behind the routing kernel it faulted now and then in CUDA-graph replays on an
-// H100 (an illegal address; the host build, every input between guard pages, reads nothing out of bounds) — most
-// likely its ids load, from a const __restrict__ pointer, which the compiler may treat as invariant and move above
-// griddepcontrol.wait, read them before the routing kernel wrote them; in stream order that kernel has finished);
-// and the constants of the tile layout, the staging and the decode (STEP, X_T, X_Q, XS_PAD, TILE_ROWS, TILE_WORDS,
-// TILE_BLOCKS, SCALE_PERM_BASE, SCALE_PERM_STEP, SCALE_MUL, SCALE_ADD, FP8_BF16_RESCALE, UNIT), which
-// kernels/cuda/weight_mma_defines.py works out from packing/layout.py and the formats. The k range staged per round (kc, a multiple of DEPTH steps) is a run-time argument; dynamic shared
-// memory holds KW * M * (kc / 2 + XS_PAD) words (each K warp's rows). Code words are loaded DEPTH steps ahead into a ring of registers, across
-// staging rounds. The main loop runs whole passes over the ring (DEPTH steps, no per-step bounds or staging checks,
-// the refills at fixed offsets), then a last partial pass.
+// Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16 tiles per
+// warp), WARPS, KW (warps along K per row tile), DEPTH (steps of code words in flight per thread), BF16 (activation
+// dtype), GATED, HAS_BIAS, MMA_K8 and ASYNC_COPY (the architecture's mma shape and staging copies, above), VEC_X
+// (activation rows 16-byte aligned and K % 8 == 0: staged by cp.async), SPLIT (split-K slices, = gridDim.y), OUT_F32
+// (float32 output, unrounded and before the global / row scale: a row-parallel rank's share; plain prepacks without
+// bias only), EARLY (a programmatic dependent launch on sm_90: the block fills its ring of code words — weights, which
+// no kernel writes — while the previous kernel finishes, and waits for it (griddepcontrol.wait) before it reads the
+// activations or writes anything; it lets the next such kernel start as soon as all its own blocks run
+// (griddepcontrol.launch_dependents), since that kernel too waits before it reads or writes anything a kernel writes);
+// EXPERTS (a mixture of experts' grouped launch: block z runs pair z = blockIdx.z of a decode step's (token, expert)
+// pairs — expert ids[z]'s prepack, found expert_c4 / expert_s2 / expert_g (codes in uint4, scales in u16, global or row
+// scales in floats) on from the first expert's, over activation row z / pairs_per_row, into output row z; M = 1 and no
+// split-K, so a pair gets the bits this launch gives that row with that expert alone; never an early launch:
+// early-launched behind the routing kernel it faulted now and then in CUDA-graph replays on an H100 (an illegal
+// address; the host build, every input between guard pages, reads nothing out of bounds) — most likely its ids load,
+// from a const __restrict__ pointer, which the compiler may treat as invariant and move above griddepcontrol.wait, read
+// them before the routing kernel wrote them; in stream order that kernel has finished); and the constants of the tile
+// layout, the staging and the decode (STEP, X_T, X_Q, XS_PAD, TILE_ROWS, TILE_WORDS, TILE_BLOCKS, SCALE_PERM_BASE,
+// SCALE_PERM_STEP, SCALE_MUL, SCALE_ADD, FP8_BF16_RESCALE, UNIT), which kernels/cuda/weight_mma_defines.py works out
+// from packing/layout.py and the formats. The k range staged per round (kc, a multiple of DEPTH steps) is a run-time
+// argument; dynamic shared memory holds KW * M * (kc / 2 + XS_PAD) words (each K warp's rows). Code words are loaded
+// DEPTH steps ahead into a ring of registers, across staging rounds. The main loop runs whole passes over the ring
+// (DEPTH steps, no per-step bounds or staging checks, the refills at fixed offsets), then a last partial pass.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -355,7 +355,7 @@ __device__ __forceinline__ void quad_pairs_to_c(float* q, float* c, int lane) {
 #error "a grouped expert launch (EXPERTS) has one activation row per pair and no split-K"
 #endif
 #if EXPERTS && EARLY
-#error "a grouped expert launch (EXPERTS) starts in stream order: the ids it reads as addresses come from the kernel before"
+#error "a grouped expert launch (EXPERTS) starts in stream order: its ids come from the kernel before"
 #endif
 #define LEAVES (SPLIT & -SPLIT)
 #define PER_LEAF (SPLIT / LEAVES)

@@ -5,9 +5,9 @@ form is a float32 copy, a softmax, a top-k (a selection and a sort), k - 1 sums,
 Anatomy: ``@triton.jit`` kernel, launcher. One program per token (a row's results do not depend on the other rows
 of the call). Ties between equal probabilities go to the lower expert index; a NaN probability ranks first (as in
 torch.topk) and keeps its NaN weight, so a row that overflowed still picks experts it has (the expert kernels read
-the ids as addresses). The k weights are added in rank order
-(``w0 + w1 + ...``) and divided with IEEE rounding, as the eager form does; the probabilities themselves come from
-the GPU's ``exp``, within a few float32 ulps of torch's softmax.
+the ids as addresses). The k weights are added in rank order (``w0 + w1 + ...``) and divided with IEEE rounding, as
+the eager form does; the probabilities themselves come from the GPU's ``exp``, within a few float32 ulps of torch's
+softmax.
 """
 
 from __future__ import annotations
