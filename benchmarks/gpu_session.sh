@@ -21,6 +21,8 @@
 #                                            # ANYFP4_EARLY_LAUNCH=1 / 0 (and BEFORE=DIR: a src/ tree to compare)
 #   bash benchmarks/gpu_session.sh batch     # a left-padded batch's rows against each prompt alone (probes/batch_rows.py),
 #                                            # its GPU tests, and with TOKENIZER=DIR the serve stage (chunked prefill)
+#   bash benchmarks/gpu_session.sh prefill   # prefill kernels by rows and shape (probes/prefill_modes.py), then bench
+#                                            # prompts of 48-2048 tokens with ANYFP4_PREFILL=auto (default) and cublas
 #   bash benchmarks/gpu_session.sh chain     # a dependent kernel chain's floor, and the decode kernel's chain with
 #                                            # parts of its source cut out (probes/chain_floor.py, chain_anatomy.py)
 # Each step has its own time limit so one slow step cannot eat the whole lease.
@@ -173,6 +175,16 @@ moe)
     SUFFIX= moe_bench 16 --format nvfp4 --compare bf16
     SUFFIX=_fp8 moe_bench 1 --format fp8
     ;;
+prefill)
+    # each prefill mode against bf16 per shape and M (H100, 2026-12-06: ~100 s), then whole prompts (bench times each
+    # prefill five times, the median)
+    timeout 300 python3 benchmarks/probes/prefill_modes.py --budget-s 240 ${COMMIT:+--commit $COMMIT} \
+        --out "$OUT/prefill_modes.json" 2>&1 | grep -v Warn | tail -60
+    for p in 48 128 512 2048; do
+        bench bench_prefill_${p}_auto --format nvfp4 --compare bf16 --prompt-len $p --gen-len 16
+        ANYFP4_PREFILL=cublas bench bench_prefill_${p}_cublas --format nvfp4 --prompt-len $p --gen-len 16
+    done
+    ;;
 chain)
     timeout 120 python3 benchmarks/probes/chain_floor.py --out "$OUT/chain_floor.json" 2>&1 | tail -20
     timeout 420 python3 benchmarks/probes/chain_anatomy.py --out "$OUT/chain_anatomy.json" 2>&1 | grep -v Warn \
@@ -180,6 +192,6 @@ chain)
     ;;
 *)
     echo "unknown stage $stage (check, older, check2, kernels, bench, sweep, runner, tp, hybrid, serve, early, batch, moe,"\
-        "chain)"; exit 2
+        "prefill, chain)"; exit 2
     ;;
 esac
