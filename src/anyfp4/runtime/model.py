@@ -121,7 +121,7 @@ class Attention(nn.Module):
         if t <= DECODE_ROWS and q.is_cuda:  # rows independent of t: decode and verify steps give the same bits
             y = torch.ops.anyfp4.small_attention(q, self.k_cache, self.v_cache, mask, input_pos, key_start)
             return y.reshape(b, t, a.num_heads * a.head_dim)
-        if torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if no_host_reads(q):
             # a compiled or captured step of more than DECODE_ROWS rows: the whole cache, no host values
             y = self.attend_slots(q, self.k_cache, self.v_cache, mask)
         else:
@@ -157,6 +157,12 @@ class Attention(nn.Module):
         kr, vr = (c.repeat_interleave(g, dim=1) if g > 1 else c for c in (k, v))
         with sdpa_kernel(DETERMINISTIC_SDPA):
             return F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)
+
+
+def no_host_reads(x: torch.Tensor) -> bool:
+    """Whether a forward over ``x`` is being compiled or captured into a CUDA graph: no value may be read back to the
+    host."""
+    return torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def visible_span(input_pos: torch.Tensor, key_start: torch.Tensor | None, batch: int) -> tuple[int, int, list[int]]:
@@ -258,10 +264,9 @@ class Transformer(nn.Module):
         if key_start is None:  # one fill per forward, not one per attention call
             key_start = torch.zeros(tokens.shape[0], dtype=torch.int64, device=tokens.device)
         delta = None
-        span = None
-        if tokens.shape[1] > DECODE_ROWS and not (torch.compiler.is_compiling() or (
-                tokens.is_cuda and torch.cuda.is_current_stream_capturing())):
-            span = visible_span(input_pos, key_start, tokens.shape[0])  # one wait for the device, not one a layer
+        span = None  # where attention layers cut their keys on the host (Attention.attend): one read, not one a layer
+        if not (tokens.shape[1] <= DECODE_ROWS and tokens.is_cuda) and not no_host_reads(tokens):
+            span = visible_span(input_pos, key_start, tokens.shape[0])
         for blk in self.blocks:
             x, delta = blk(x, delta, cos, sin, mask, input_pos, key_start, span)
         n = self.norm(x) if delta is None else self.norm.add_and_norm(x, delta)[1]

@@ -209,16 +209,6 @@ __device__ __forceinline__ uint4 load_ring_words(const uint4* p) {
 #endif
 }
 
-__device__ __forceinline__ u32 load_ring_scales(const u32* p) {
-#if EARLY && FP8
-    u32 v;
-    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-#else
-    return *p;
-#endif
-}
-
 // A use of the first fill before the wait that ptxas cannot move: a volatile store of their xor to shared memory
 // (the staging area, which the first staging round overwrites after a barrier; nothing reads this value).
 __device__ __forceinline__ void ring_used(u32* slot, u32 seen) {
@@ -529,7 +519,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 wa[d][a] = load_ring_words(cptr[a] + s * W_STEP);
                 wb[d][a] = load_ring_words(cptr[a] + s * W_STEP + W_B);
 #if !FP8
-                sw[d][a] = load_ring_scales(sptr[a] + s * S_STEP);
+                sw[d][a] = sptr[a][s * S_STEP];
 #endif
             }
 
@@ -550,12 +540,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         for (int d = 0; d < DEPTH; ++d)
 #pragma unroll
             for (int a = 0; a < TILES; ++a)
-                if (s_beg + d < s_end) {
-                    seen ^= wa[d][a].x ^ wb[d][a].x;
-#if !FP8
-                    seen ^= sw[d][a];
-#endif
-                }
+                if (s_beg + d < s_end) seen ^= wa[d][a].x ^ wb[d][a].x;
         ring_used(xs, seen);
     }
 #endif
