@@ -152,3 +152,28 @@ def test_fused_prefill_gemm(device, dtype):
     assert ((y32.double() - ref32).norm() / ref32.norm()).item() < 1e-5  # fp32 accumulation of exact products
     with pytest.raises(ValueError, match="block_k 96 must divide"):
         nvfp4_fused_gemm(x, p, None, FusedConfig(block_k=96))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tiles_decode_every_code_and_scale_exactly(device, dtype):
+    """The decode GEMMs' weight tiles (two codes per integer operation, the block scale as one multiply) hold
+    exactly the dequantized weight: with identity activations each output is one weight times the global scale,
+    one float32 rounding as in the reference, so the two are equal bit for bit — every E2M1 code, every
+    non-negative E4M3 scale (subnormals and zero included), both signs."""
+    from anyfp4.dispatch.configs import FusedConfig
+    from anyfp4.kernels.triton.nvfp4_decode import nvfp4_fused_gemm
+
+    n, k = 40, 272
+    gen = torch.Generator().manual_seed(11)
+    w = random_weight(n, k, gen, device)
+    scales = torch.arange(n * k // 16, dtype=torch.int64) % 0x7F  # 0x00 .. 0x7E: every non-negative scale
+    w = NVFP4Weight(w.packed, scales.to(torch.uint8).view(n, k // 16).view(torch.float8_e4m3fn).to(device),
+                    w.global_scale)
+    eye = torch.eye(k, dtype=dtype, device=device)
+    out = torch.full((k, n), float("nan"), dtype=dtype, device=device)
+    y = nvfp4_fused_gemm(eye, prepack_nvfp4(w), None, FusedConfig(block_m=16, block_n=32, block_k=128,
+                                                                  num_warps=4, num_stages=1), out=out)
+    assert torch.equal(y.t(), dequantize_nvfp4(w).to(dtype))
+    for m in (1, 16):  # the small-M decode GEMM: its rows of the identity
+        got = nvfp4_decode_gemm(eye[:m].contiguous(), prepack_nvfp4(w), None, DecodeConfig(32, 128, 1))
+        assert torch.equal(got.t(), dequantize_nvfp4(w).to(dtype)[:, :m])

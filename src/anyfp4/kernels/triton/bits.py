@@ -111,6 +111,79 @@ def decode_words_fp16(words, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     return tl.reshape(x, (BLOCK_N, BLOCK_K))
 
 
+_PAIR_MASK = tl.constexpr(0x81C081C0 - (1 << 32))  # bf16 bits 6-8 and 15 of both halves, as an int32
+_PAIR3_MASK = tl.constexpr(0x81808180 - (1 << 32))
+_SIGNS = tl.constexpr(0x80008000 - (1 << 32))
+_HIGH_HALF = tl.constexpr(0xFFFF0000 - (1 << 32))
+
+
+@triton.jit
+def _rotl(w, s: tl.constexpr):
+    """A 32-bit rotation of int32 words (the arithmetic right shift's copied sign bits masked off)."""
+    return (w << s) | ((w >> (32 - s)) & ((1 << s) - 1))
+
+
+@triton.jit
+def _pair_bf16_bits(w, p: tl.constexpr):
+    """Codes p and p + 4 of prepacked words as the two halves of an int32: bf16 bits of ``e2m1 * 2^-126`` (code
+    1 subnormal), where ``packing.nvfp4.CODE_BITS`` places them for the CUDA kernel's ``decode_pair``: pair 0's
+    magnitudes sit at 4-6 / 20-22 (signs 13 / 29), pair 1's at 0-2 / 16-18 (9 / 25), pair 2's at 26-28 / 10-12
+    (3 / 19), pair 3's magnitude bits 1-2 and signs in place, bit 0 at 30 / 14."""
+    if p == 0:
+        bits = (w << 2) & _PAIR_MASK
+    elif p == 1:
+        bits = (w << 6) & _PAIR_MASK
+    elif p == 2:
+        bits = _rotl(w, 12) & _PAIR_MASK
+    else:
+        bits = (w & _PAIR3_MASK) | (_rotl(w, 8) & 0x00400040)
+    return bits
+
+
+@triton.jit
+def _pair_bits(w, p: tl.constexpr, dtype: tl.constexpr):
+    bits = _pair_bf16_bits(w, p)
+    if dtype == tl.float16:  # the magnitude moved up three bits: e2m1 * 2^-14
+        bits = ((bits << 3) & 0x0E000E00) | (bits & _SIGNS)
+    return bits
+
+
+@triton.jit
+def _halves(bits, dtype: tl.constexpr, WIDE: tl.constexpr):
+    """The two 16-bit halves of int32 ``bits`` as ``dtype`` values; WIDE (bf16 only): as the float32 values of
+    those bf16 bits (the CPU interpreter's bf16 flushes subnormals)."""
+    if WIDE:
+        return (bits << 16).to(tl.float32, bitcast=True), (bits & _HIGH_HALF).to(tl.float32, bitcast=True)
+    return bits.to(tl.int16).to(dtype, bitcast=True), (bits >> 16).to(tl.int16).to(dtype, bitcast=True)
+
+
+@triton.jit
+def decode_words_pairs(words, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr,
+                       WIDE: tl.constexpr = False):
+    """(BLOCK_N, BLOCK_K // 8) prepacked words -> (BLOCK_N, BLOCK_K) codes in checkpoint order, two per integer
+    operation: bf16 ``e2m1 * 2^-126`` or fp16 ``e2m1 * 2^-14`` (the magnitude three bits up); WIDE: the bf16
+    values as float32. Scaled by ``block_scale_pair`` they become ``e2m1 * bs * 2^-14``, exactly."""
+    c0, c4 = _halves(_pair_bits(words, 0, dtype), dtype, WIDE)
+    c1, c5 = _halves(_pair_bits(words, 1, dtype), dtype, WIDE)
+    c2, c6 = _halves(_pair_bits(words, 2, dtype), dtype, WIDE)
+    c3, c7 = _halves(_pair_bits(words, 3, dtype), dtype, WIDE)
+    # join stacks on a new last axis: this nesting puts code l + 4a + 2b at [a, b, l], i.e. in order
+    x = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+    return tl.reshape(x, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def block_scale_pair(b, dtype: tl.constexpr, WIDE: tl.constexpr = False):
+    """Prepacked block-scale bytes -> the factor that makes ``decode_words_pairs``' codes ``e2m1 * bs * 2^-14``:
+    fp16 ``bs`` or bf16 ``bs * 2^112``, exactly (the exponent field ``e + 10`` moved up by 5 or by 229); WIDE:
+    the bf16 value as float32."""
+    if dtype == tl.float16:
+        return ((b.to(tl.int16) << 7) + (5 << 10)).to(dtype, bitcast=True)
+    if WIDE:
+        return (((b.to(tl.int32) << 4) + (229 << 7)) << 16).to(tl.float32, bitcast=True)
+    return ((b.to(tl.int16) << 4) + (229 << 7)).to(dtype, bitcast=True)
+
+
 @triton.jit
 def block_scale_fp16(b):
     """Prepacked block-scale bytes (``packing.nvfp4.SCALE_BYTE``: ``(e + 10) << 3 | m``) -> fp16 ``bs * 2^-5``,

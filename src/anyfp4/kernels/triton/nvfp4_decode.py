@@ -30,22 +30,29 @@ import triton.language as tl
 from ...dispatch.configs import DecodeConfig, FusedConfig
 from ...env import triton_interpret
 from ...packing.nvfp4 import NVFP4Prepacked
-from .bits import block_scale_fp16, decode_words_fp16, tiled_scale_offset, tiled_word_offset
+from .bits import block_scale_pair, decode_words_pairs, tiled_scale_offset, tiled_word_offset
 from .nvfp4_epilogue import epilogue, splitk_reduce_kernel
 
 ACT_PACK_GROUP = 16  # block-packed activations: [K_pad / 16][rows][16]
 
 
 @triton.jit
-def _decode_weight_tile(codes_ptr, scales_ptr, offs_n, k0, stride_c, stride_s,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(BLOCK_N, BLOCK_K) fp16 tile holding e2m1 * block_scale * 2^-14 (exact)."""
+def _scale_bytes(scales_ptr, offs_n, k0, stride_s, BLOCK_K: tl.constexpr):
+    return tl.load(scales_ptr + tiled_scale_offset(offs_n[:, None], (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :],
+                                                   stride_s))
+
+
+@triton.jit
+def _decode_weight_tile(codes_ptr, sb, offs_n, k0, stride_c,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr, INTERPRET: tl.constexpr):
+    """(BLOCK_N, BLOCK_K) tile of ``dtype`` (the activations' fp16 / bf16) holding e2m1 * block_scale * 2^-14,
+    exactly, from its code words and its scale bytes ``sb`` (``_scale_bytes``): two codes per integer operation,
+    one multiply per code."""
+    wide: tl.constexpr = INTERPRET and dtype == tl.bfloat16
     words = tl.load(codes_ptr + tiled_word_offset(offs_n[:, None], (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :], stride_c))
-    w = decode_words_fp16(words, BLOCK_N, BLOCK_K)
-    sb = tl.load(scales_ptr + tiled_scale_offset(offs_n[:, None], (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :], stride_s))
-    s = block_scale_fp16(sb) * 32.0
-    w = tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * s.to(tl.float16)[:, :, None]
-    return tl.reshape(w, (BLOCK_N, BLOCK_K))
+    w = decode_words_pairs(words, BLOCK_N, BLOCK_K, dtype, wide)
+    w = tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * block_scale_pair(sb, dtype, wide)[:, :, None]
+    return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(dtype)
 
 
 @triton.jit
@@ -63,7 +70,7 @@ def _load_act_tile(x_ptr, offs_m, k0, M, K, stride_xm, X_ROWS,
 def _dot(x, w, INTERPRET: tl.constexpr):
     if INTERPRET:  # the CPU interpreter's dot wants float32 operands
         return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
-    return tl.dot(x, tl.trans(w.to(x.dtype)))
+    return tl.dot(x, tl.trans(w))
 
 
 @triton.jit
@@ -88,15 +95,26 @@ def nvfp4_decode_kernel(
     offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # scale bytes are loaded one tile ahead (the pipeliner leaves these byte loads to the loop's critical path)
+    k0 = pid_k * K_ITERS * BLOCK_K
+    sb = _scale_bytes(scales_ptr, offs_n, k0, stride_s, BLOCK_K)
+    sb_up = sb
+    if GATED:
+        sb_up = _scale_bytes(scales_ptr, offs_n + UP_OFFSET, k0, stride_s, BLOCK_K)
     for it in range(0, K_ITERS):
         k0 = (pid_k * K_ITERS + it) * BLOCK_K
+        k_next = tl.where(it + 1 < K_ITERS, k0 + BLOCK_K, k0)
+        sb_next = _scale_bytes(scales_ptr, offs_n, k_next, stride_s, BLOCK_K)
         x = _load_act_tile(x_ptr, offs_m, k0, M, K, stride_xm, X_ROWS, BLOCK_M, BLOCK_K, X_PACKED)
-        w = _decode_weight_tile(codes_ptr, scales_ptr, offs_n, k0, stride_c, stride_s, BLOCK_N, BLOCK_K)
+        w = _decode_weight_tile(codes_ptr, sb, offs_n, k0, stride_c, BLOCK_N, BLOCK_K, x.dtype, INTERPRET)
         acc += _dot(x, w, INTERPRET)
+        sb = sb_next
         if GATED:
-            wu = _decode_weight_tile(codes_ptr, scales_ptr, offs_n + UP_OFFSET, k0, stride_c, stride_s,
-                                     BLOCK_N, BLOCK_K)
+            sb_up_next = _scale_bytes(scales_ptr, offs_n + UP_OFFSET, k_next, stride_s, BLOCK_K)
+            wu = _decode_weight_tile(codes_ptr, sb_up, offs_n + UP_OFFSET, k0, stride_c, BLOCK_N, BLOCK_K, x.dtype,
+                                     INTERPRET)
             acc_up += _dot(x, wu, INTERPRET)
+            sb_up = sb_up_next
     if not USE_PARTIAL:
         epilogue(acc, acc_up, offs_m, offs_n, M, N_OUT, gscale_ptr, bias_ptr, out_ptr, stride_om, HAS_BIAS, GATED,
                  INTERPRET)
