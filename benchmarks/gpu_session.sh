@@ -23,6 +23,8 @@
 #                                            # its GPU tests, and with TOKENIZER=DIR the serve stage (chunked prefill)
 #   bash benchmarks/gpu_session.sh prefill   # prefill kernels by rows and shape (probes/prefill_modes.py), then bench
 #                                            # prompts of 48-2048 tokens with ANYFP4_PREFILL=auto (default) and cublas
+#   bash benchmarks/gpu_session.sh fused     # the fused Triton prefill GEMM's tile configs (probes/fused_configs.py),
+#                                            # then a short prompt's prefill profiled (probes/prefill_profile.py)
 #   bash benchmarks/gpu_session.sh chain     # a dependent kernel chain's floor, and the decode kernel's chain with
 #                                            # parts of its source cut out (probes/chain_floor.py, chain_anatomy.py)
 # Each step has its own time limit so one slow step cannot eat the whole lease.
@@ -185,6 +187,14 @@ prefill)
         ANYFP4_PREFILL=cublas bench bench_prefill_${p}_cublas --format nvfp4 --prompt-len $p --gen-len 16
     done
     ;;
+fused)
+    # NVFP4's fused Triton prefill GEMM: its tile configs by shape and M against bf16, then where a short prompt's
+    # prefill time goes (wall against kernel time, the host's functions)
+    timeout 300 python3 benchmarks/probes/fused_configs.py --budget-s 240 ${COMMIT:+--commit $COMMIT} \
+        --out "$OUT/fused_configs.json" 2>&1 | grep -v Warn | tail -40
+    timeout 200 python3 benchmarks/probes/prefill_profile.py --formats nvfp4 bf16 --prompts 48 128 \
+        --out "$OUT/prefill_profile.json" 2>&1 | grep -v Warn | head -80
+    ;;
 chain)
     timeout 120 python3 benchmarks/probes/chain_floor.py --out "$OUT/chain_floor.json" 2>&1 | tail -20
     timeout 420 python3 benchmarks/probes/chain_anatomy.py --out "$OUT/chain_anatomy.json" 2>&1 | grep -v Warn \
@@ -192,6 +202,6 @@ chain)
     ;;
 *)
     echo "unknown stage $stage (check, older, check2, kernels, bench, sweep, runner, tp, hybrid, serve, early, batch, moe,"\
-        "prefill, chain)"; exit 2
+        "prefill, fused, chain)"; exit 2
     ;;
 esac
