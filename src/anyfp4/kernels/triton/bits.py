@@ -115,6 +115,8 @@ _PAIR_MASK = tl.constexpr(0x81C081C0 - (1 << 32))  # bf16 bits 6-8 and 15 of bot
 _PAIR3_MASK = tl.constexpr(0x81808180 - (1 << 32))
 _SIGNS = tl.constexpr(0x80008000 - (1 << 32))
 _HIGH_HALF = tl.constexpr(0xFFFF0000 - (1 << 32))
+_FP8_PAIR_MASK = tl.constexpr(0x87F087F0 - (1 << 32))
+_FP8_LOW_MASK = tl.constexpr(0x80F080F0 - (1 << 32))
 
 
 @triton.jit
@@ -153,8 +155,12 @@ def _halves(bits, dtype: tl.constexpr, WIDE: tl.constexpr):
     """The two 16-bit halves of int32 ``bits`` as ``dtype`` values; WIDE (bf16 only): as the float32 values of
     those bf16 bits (the CPU interpreter's bf16 flushes subnormals)."""
     if WIDE:
-        return (bits << 16).to(tl.float32, bitcast=True), (bits & _HIGH_HALF).to(tl.float32, bitcast=True)
-    return bits.to(tl.int16).to(dtype, bitcast=True), (bits >> 16).to(tl.int16).to(dtype, bitcast=True)
+        lo = (bits << 16).to(tl.float32, bitcast=True)
+        hi = (bits & _HIGH_HALF).to(tl.float32, bitcast=True)
+    else:
+        lo = bits.to(tl.int16).to(dtype, bitcast=True)
+        hi = (bits >> 16).to(tl.int16).to(dtype, bitcast=True)
+    return lo, hi
 
 
 @triton.jit
@@ -178,10 +184,12 @@ def block_scale_pair(b, dtype: tl.constexpr, WIDE: tl.constexpr = False):
     fp16 ``bs`` or bf16 ``bs * 2^112``, exactly (the exponent field ``e + 10`` moved up by 5 or by 229); WIDE:
     the bf16 value as float32."""
     if dtype == tl.float16:
-        return ((b.to(tl.int16) << 7) + (5 << 10)).to(dtype, bitcast=True)
-    if WIDE:
-        return (((b.to(tl.int32) << 4) + (229 << 7)) << 16).to(tl.float32, bitcast=True)
-    return ((b.to(tl.int16) << 4) + (229 << 7)).to(dtype, bitcast=True)
+        s = ((b.to(tl.int16) << 7) + (5 << 10)).to(dtype, bitcast=True)
+    elif WIDE:
+        s = (((b.to(tl.int32) << 4) + (229 << 7)) << 16).to(tl.float32, bitcast=True)
+    else:
+        s = ((b.to(tl.int16) << 4) + (229 << 7)).to(dtype, bitcast=True)
+    return s
 
 
 @triton.jit
@@ -205,6 +213,18 @@ def fp8_fp16_at(words, i: tl.constexpr):
     else:  # magnitude 16-19 and 12-14, sign 27
         bits = ((words >> 9) & 0x0780) | ((words >> 1) & 0x3800) | ((words >> 12) & 0x8000)
     return bits.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def decode_fp8_pairs(words, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(BLOCK_N, BLOCK_K // 4) FP8 prepacked words -> (BLOCK_N, BLOCK_K) float32 ``e4m3 * 2^-120`` in k order,
+    exactly (subnormals included), two values per integer operation: where ``packing.fp8.BYTE_BITS`` places them
+    for the CUDA kernel's ``decode_e4m3_pair``, values k0 / k2 sit as bf16 bits (magnitude 4-10, sign 15 of each
+    half), k1 / k3 move there with a shift (bits 0-3 / 16-19 and signs 11 / 27) and a rotation (28-30 / 12-14)."""
+    k0, k2 = _halves(words & _FP8_PAIR_MASK, tl.bfloat16, True)
+    k1, k3 = _halves(((words << 4) & _FP8_LOW_MASK) | (_rotl(words, 12) & 0x07000700), tl.bfloat16, True)
+    # join stacks on a new last axis: this nesting puts value 2a + b at [a, b], i.e. in k order
+    return tl.reshape(tl.join(tl.join(k0, k2), tl.join(k1, k3)), (BLOCK_N, BLOCK_K))
 
 
 @triton.jit

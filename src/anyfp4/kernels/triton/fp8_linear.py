@@ -15,8 +15,10 @@ import triton.language as tl
 
 from ...env import triton_interpret
 from ...packing.fp8 import FP8Prepacked
-from .bits import fp8_checkpoint_words, fp8_fp16_at, tiled_word_offset
+from .bits import decode_fp8_pairs, fp8_checkpoint_words, fp8_fp16_at, tiled_word_offset
 from .common import dequantize_matmul, round_to_output, workspace
+
+_E4M3_UNSHIFT = tl.constexpr(2.0 ** 120)  # decode_fp8_pairs' values times this are the E4M3 values
 
 
 @triton.jit
@@ -74,10 +76,8 @@ def fp8_dequant_kernel(codes_ptr, scales_ptr, out_ptr, N, K, ROW0, stride_c, str
     k0 = tl.program_id(1) * BLOCK_K
     rows = ROW0 + offs_n
     words = tl.load(codes_ptr + tiled_word_offset(rows[:, None], (k0 // 4 + tl.arange(0, BLOCK_K // 4))[None, :], stride_c))
-    v0, v1, v2, v3 = fp8_fp16_at(words, 0), fp8_fp16_at(words, 1), fp8_fp16_at(words, 2), fp8_fp16_at(words, 3)
-    # join stacks on a new last axis: this nesting puts value 2a + b at [a, b], i.e. in k order
-    w = tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (BLOCK_N, BLOCK_K)).to(tl.float32)
-    y = (w * 256.0) * tl.load(scales_ptr + rows)[:, None]
+    w = decode_fp8_pairs(words, BLOCK_N, BLOCK_K)  # e4m3 * 2^-120, exact
+    y = (w * _E4M3_UNSHIFT) * tl.load(scales_ptr + rows)[:, None]  # exact, then the scale: one rounding
     offs_k = k0 + tl.arange(0, BLOCK_K)
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
     tl.store(out_ptr + offs_n[:, None] * stride_on + offs_k[None, :],

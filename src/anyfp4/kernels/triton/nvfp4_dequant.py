@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ...env import triton_interpret
 from ...packing.nvfp4 import NVFP4Prepacked
-from .bits import block_scale_fp16, decode_words_fp16, tiled_scale_offset, tiled_word_offset
+from .bits import block_scale_pair, decode_words_pairs, tiled_scale_offset, tiled_word_offset
 from .common import dequantize_matmul, round_to_output
 
 
@@ -33,12 +33,12 @@ def nvfp4_dequant_kernel(
     k0 = tl.program_id(1) * BLOCK_K
     rows = ROW0 + offs_n
     words = tl.load(codes_ptr + tiled_word_offset(rows[:, None], (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :], stride_c))
-    w = decode_words_fp16(words, BLOCK_N, BLOCK_K).to(tl.float32)  # e2m1 * 2^-14, exact
+    w = decode_words_pairs(words, BLOCK_N, BLOCK_K, tl.bfloat16, True)  # float32 e2m1 * 2^-126, exact
     sb = tl.load(scales_ptr + tiled_scale_offset(rows[:, None], (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :], stride_s))
-    s = block_scale_fp16(sb).to(tl.float32)  # block scale * 2^-5, exact
-    # (e2m1 * 2^-14) * (bs * 2^-5) is exact; * 2^19 restores it; * global scale is the one rounding
-    prod = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * s[:, :, None], (BLOCK_N, BLOCK_K)) * 524288.0
-    y = prod * tl.load(gscale_ptr)
+    s = block_scale_pair(sb, tl.bfloat16, True)  # float32 block scale * 2^112, exact
+    # (e2m1 * 2^-126) * (bs * 2^112) is exact; * (global scale * 2^14) is the one rounding
+    prod = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * s[:, :, None], (BLOCK_N, BLOCK_K))
+    y = prod * (tl.load(gscale_ptr) * 16384.0)
     offs_k = k0 + tl.arange(0, BLOCK_K)
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
     tl.store(out_ptr + offs_n[:, None] * stride_on + offs_k[None, :], round_to_output(y, out_ptr.dtype.element_ty, INTERPRET),
