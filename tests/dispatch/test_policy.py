@@ -146,17 +146,17 @@ def test_speculation_refuses_a_path_whose_verify_rows_change_bits(monkeypatch):
 
 
 @pytest.mark.parametrize("fmt, m, sm, mma, shape, expected", [
-    ("nvfp4", 65, 90, True, (28672, 4096), K.TRITON_FUSED_PREFILL),  # gate + up, 65-128 rows: the fused GEMM
-    ("nvfp4", 128, 90, True, (62080, 5120), K.TRITON_FUSED_PREFILL),
-    ("nvfp4", 128, 90, True, (14336, 8192), K.TRITON_FUSED_PREFILL),
-    ("nvfp4", 64, 90, True, (28672, 8192), K.DEQUANTIZE_CUBLAS),  # up to 64 rows: cuBLAS (end to end faster)
-    ("nvfp4", 129, 90, True, (62080, 5120), K.DEQUANTIZE_CUBLAS),
-    ("nvfp4", 96, 90, True, (4096, 14336), K.DEQUANTIZE_CUBLAS),  # K = 14336: the fused GEMM measured slower
-    ("nvfp4", 96, 90, True, (14336, 8200), K.DEQUANTIZE_CUBLAS),
-    ("nvfp4", 96, 90, True, (8704, 5120), K.DEQUANTIZE_CUBLAS),  # fewer rows than 14336
-    ("fp8", 96, 90, True, (28672, 4096), K.DEQUANTIZE_CUBLAS),  # no fused FP8 GEMM
-    ("nvfp4", 96, 89, True, (28672, 4096), K.DEQUANTIZE_CUBLAS),  # measured on sm_90 only
-    ("nvfp4", 96, 90, False, (28672, 4096), K.DEQUANTIZE_CUBLAS),  # float32 activations / Triton kernels asked
+    ("nvfp4", 33, 90, True, (5120, 1536), K.TRITON_FUSED_PREFILL),  # up to 64 rows: the fused GEMM, any shape
+    ("nvfp4", 64, 90, True, (28672, 8192), K.TRITON_FUSED_PREFILL),
+    ("nvfp4", 65, 90, True, (28672, 4096), K.TRITON_FUSED_PREFILL),  # gate + up, 65-128 rows: >= 24M elements
+    ("nvfp4", 128, 90, True, (6144, 4096), K.TRITON_FUSED_PREFILL),
+    ("nvfp4", 96, 90, True, (4096, 14336), K.TRITON_FUSED_PREFILL),
+    ("nvfp4", 128, 90, True, (4096, 4096), K.DEQUANTIZE_CUBLAS),  # fewer elements: cuBLAS
+    ("nvfp4", 96, 90, True, (5120, 1536), K.DEQUANTIZE_CUBLAS),
+    ("nvfp4", 129, 90, True, (62080, 5120), K.DEQUANTIZE_CUBLAS),  # from 129 rows: cuBLAS
+    ("fp8", 48, 90, True, (28672, 4096), K.DEQUANTIZE_CUBLAS),  # no fused FP8 GEMM
+    ("nvfp4", 48, 89, True, (28672, 4096), K.DEQUANTIZE_CUBLAS),  # measured on sm_90 only
+    ("nvfp4", 48, 90, False, (28672, 4096), K.DEQUANTIZE_CUBLAS),  # float32 activations / Triton kernels asked
     ("nvfp4", 32, 90, True, (28672, 4096), K.CUDA_MMA),  # decode-sized: not a prefill
 ])
 def test_auto_prefill_picks_by_rows_and_shape(fmt, m, sm, mma, shape, expected):
@@ -165,3 +165,18 @@ def test_auto_prefill_picks_by_rows_and_shape(fmt, m, sm, mma, shape, expected):
         assert choose_kernel(fmt, m, sm, mma_enabled=mma, prefill="cublas", weight_shape=shape).kernel \
             is K.DEQUANTIZE_CUBLAS
         assert choose_kernel(fmt, m, sm, mma_enabled=mma, prefill="auto").kernel is K.DEQUANTIZE_CUBLAS
+
+
+@pytest.mark.parametrize("m, shape, tile", [
+    (48, (28672, 4096), (64, 64, 4)), (64, (28672, 8192), (64, 128, 4)), (64, (4096, 14336), (64, 64, 4)),
+    (128, (14336, 4096), (128, 128, 8)), (128, (4096, 14336), (64, 64, 4)), (128, (6144, 4096), (64, 64, 4)),
+    (1024, (4096, 4096), (128, 128, 8)),
+])
+def test_fused_prefill_tiles_follow_the_sweep(m, shape, tile):
+    """``dispatch.tuning.fused_config``: the tiles the H100 sweep chose (block_m, block_n, warps), each one the
+    kernel takes (block_n divides a storage tile's 128 k-words' rows, block_k 128)."""
+    from anyfp4.dispatch.tuning import fused_config
+
+    c = fused_config(m, *shape)
+    assert (c.block_m, c.block_n, c.num_warps) == tile
+    assert 128 % c.block_n == 0 and c.block_k == 128

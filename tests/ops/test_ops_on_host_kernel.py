@@ -79,9 +79,9 @@ def test_rows_keep_their_bits_whatever_the_call(emulated_gpu, monkeypatch, fmt):
 
 
 def test_auto_prefill_counts_both_halves_of_a_gated_weight(emulated_gpu, monkeypatch):
-    """ANYFP4_PREFILL=auto (the default) with the fused GEMM's row threshold at twice this test's weight: 70 rows of
-    the gated weight (both halves) take the fused GEMM, of the plain weight dequantize + cuBLAS; decode-sized calls
-    the decode kernel."""
+    """ANYFP4_PREFILL=auto (the default) with the fused GEMM's size threshold above 64 rows at twice this test's
+    weight: 70 rows of the gated weight (both halves) take the fused GEMM, of the plain weight dequantize + cuBLAS;
+    decode-sized calls the decode kernel."""
     from anyfp4.dispatch import policy
     from anyfp4.kernels.triton import nvfp4_decode
 
@@ -91,7 +91,7 @@ def test_auto_prefill_counts_both_halves_of_a_gated_weight(emulated_gpu, monkeyp
     monkeypatch.setattr(nvfp4_decode, "nvfp4_fused_gemm", lambda x, w, *a, **kw: fused.append(w.gated) or
                         nvfp4_reference(x, w, None))
     monkeypatch.delenv("ANYFP4_PREFILL", raising=False)
-    monkeypatch.setattr(policy, "AUTO_FUSED_MIN_OUT_ROWS", 2 * N)
+    monkeypatch.setattr(policy, "AUTO_FUSED_MIN_ELEMENTS", 2 * N * K)
     x = torch.randn(70, K, generator=gen).to(torch.bfloat16)
     gpu(x, pg, None)
     gpu(x[:32], pg, None)

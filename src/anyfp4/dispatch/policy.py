@@ -48,18 +48,17 @@ def act_pack_auto(sm: int, m: int) -> bool:
     return first is not None and m >= first
 
 
-# ANYFP4_PREFILL=auto on sm_90+ (H100, 2026-12-06, benchmarks/results/prefill_modes_h100.json, x bf16 F.linear):
-# dequantize + cuBLAS costs ~2.5 bytes a weight before its GEMM, 0.41-0.65x bf16 at 48-256 rows. NVFP4's fused
-# Triton GEMM beat it at 96-128 rows on weights of >= 14336 rows and K <= 8192 (gate+up 28672x4096: 132 vs 217 us;
-# 62080x5120: 392 vs 540) but has a ~80 us floor (4096x4096) and lost at K = 14336 and from 256 rows; end to end a
-# 128-token prompt of random Llama-3.1-8B NVFP4 prefilled at 1930 tok/s against 1545 (median of 5 each). The decode
-# kernel in 32-row chunks also beat cuBLAS per layer up to 64 rows on weights of >= 40M elements (28672x8192 at 48
-# rows: 170 vs 392 us), but a 48-token prompt prefilled slower with it (798 vs 865 tok/s: a short prompt is bound
-# by the host, and chunks launch more): not taken.
-AUTO_FUSED_MIN_ROWS = 2 * DECODE_ROWS + 1  # call rows
+# ANYFP4_PREFILL=auto on sm_90+ (H100, 2026-12-06, x bf16 F.linear in the same run): dequantize + cuBLAS costs ~2.5
+# bytes a weight before its GEMM, 0.41-0.65x bf16 at 48-256 rows (results/prefill_modes_h100.json). NVFP4's fused
+# Triton GEMM, with its tiles decoded two codes per integer operation and tiles of 64 rows
+# (results/fused_configs_h100.json, the tiles in ``dispatch.tuning.fused_config``), beats it on every measured shape
+# up to 64 rows (gate+up 28672x4096 at 48: 62 vs 210 us, 1.35x bf16; 28672x8192: 110 vs 385; 4096x14336: 96 vs 105;
+# 5120x1536: 12.8 vs 12.8) and at 65-128 rows on weights of >= 24M elements (14336x4096 at 128: 53 vs 104; 6144x4096:
+# 37 vs 45; 4096x14336: 100 vs 109), not on smaller ones (5120x1536: 15 vs 13); from 256 rows they tie or cuBLAS wins.
+AUTO_FUSED_MIN_ROWS = DECODE_ROWS + 1  # call rows
+AUTO_FUSED_ANY_SHAPE_ROWS = 2 * DECODE_ROWS
 AUTO_FUSED_MAX_ROWS = 4 * DECODE_ROWS
-AUTO_FUSED_MIN_OUT_ROWS = 14336  # weight rows (both halves of a gated weight)
-AUTO_FUSED_MAX_K = 8192
+AUTO_FUSED_MIN_ELEMENTS = 24 * 2 ** 20  # weight rows (both halves of a gated weight) x K, above 64 rows
 AUTO_MIN_SM = 90  # where those were measured; elsewhere dequantize + cuBLAS
 
 
@@ -67,9 +66,9 @@ def auto_prefill_kernel(fmt: str, m: int, sm: int, mma_enabled: bool, weight_row
     """``ANYFP4_PREFILL=auto``'s kernel for an ``m``-row prefill call (m > DECODE_ROWS) of a ``weight_rows`` x ``k``
     weight (a gated weight's rows: both halves), by the measurements above — made with fp16 / bf16 activations on
     a GPU the CUDA decode kernel serves (``mma_enabled``); without it, dequantize + cuBLAS."""
-    if (fmt == "nvfp4" and sm >= AUTO_MIN_SM and mma_enabled and AUTO_FUSED_MIN_ROWS <= m <= AUTO_FUSED_MAX_ROWS
-            and weight_rows >= AUTO_FUSED_MIN_OUT_ROWS and k <= AUTO_FUSED_MAX_K):
-        return Kernel.TRITON_FUSED_PREFILL
+    if fmt == "nvfp4" and sm >= AUTO_MIN_SM and mma_enabled and AUTO_FUSED_MIN_ROWS <= m <= AUTO_FUSED_MAX_ROWS:
+        if m <= AUTO_FUSED_ANY_SHAPE_ROWS or weight_rows * k >= AUTO_FUSED_MIN_ELEMENTS:
+            return Kernel.TRITON_FUSED_PREFILL
     return Kernel.DEQUANTIZE_CUBLAS
 
 

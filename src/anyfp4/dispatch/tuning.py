@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from ..kernels.cuda.weight_mma import (STAGE_BYTES, STEP_K, k_slices, k_warps_refusal, least_shared_bytes,
                                       rows_per_block)
-from .configs import DecodeConfig, MMAConfig
+from .configs import DecodeConfig, FusedConfig, MMAConfig
 from .launch_tables import MMAKey, builtin_decode_table, builtin_mma_table, m_bucket, user_mma_table
 
 
@@ -39,6 +39,19 @@ def gemv_heuristic_config(n: int, k_pad: int, sms: int) -> DecodeConfig:
 def decode_config(sm: int, sms: int, n: int, k: int, k_pad: int, m: int) -> DecodeConfig:
     """The Triton decode kernel's config: the table entry for this GPU, shape and M bucket, else the heuristic."""
     return builtin_decode_table().get((sm, k, n, m_bucket(m))) or heuristic_config(n, k_pad, sms)
+
+
+def fused_config(m: int, weight_rows: int, k: int) -> FusedConfig:
+    """NVFP4's fused prefill GEMM tiles for ``m`` rows of a ``weight_rows`` x ``k`` weight (a gated weight's rows: both
+    halves), from the H100 sweep (benchmarks/probes/fused_configs.py, results/fused_configs_h100.json): up to 64 rows
+    tiles of 64 rows and 64 weight rows (four warps; 128 weight rows on weights of K >= 8192 and >= 16384 rows:
+    28672x8192 at 48 rows 110 against 160 us); up to 128 rows 128 x 128 (eight warps) on weights of >= 14336 rows and
+    K < 12288, else 64 x 64 (4096x14336 at 128 rows: 100 against 180 us); above, 128 x 128."""
+    if m <= 64:
+        return FusedConfig(block_m=64, block_n=128 if k >= 8192 and weight_rows >= 16384 else 64, num_warps=4)
+    if m <= 128 and not (weight_rows >= 14336 and k < 12288):
+        return FusedConfig(block_m=64, block_n=64, num_warps=4)
+    return FusedConfig()
 
 
 def mma_heuristic_config(n_rows: int, k_pad: int, m: int, sms: int, gated: bool, fmt: str = "nvfp4") -> MMAConfig:

@@ -56,9 +56,11 @@ def _decode(x2: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], sm: int, sms:
 
 
 def _fused_prefill(x2: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], out_dtype) -> Tensor:
+    from ..dispatch.tuning import fused_config
     from ..kernels.triton.nvfp4_decode import nvfp4_fused_gemm
 
-    return nvfp4_fused_gemm(x2, w, bias, out_dtype=out_dtype)
+    config = fused_config(x2.shape[0], w.out_features * (2 if w.gated else 1), w.in_features)
+    return nvfp4_fused_gemm(x2, w, bias, config, out_dtype=out_dtype)
 
 
 def _dequantize_matmul(x2: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], out_dtype) -> Tensor:
