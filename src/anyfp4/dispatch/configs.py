@@ -34,3 +34,4 @@ class FusedConfig:
     block_k: int = 128
     num_warps: int = 8
     num_stages: int = 3
+    split_k: int = 1

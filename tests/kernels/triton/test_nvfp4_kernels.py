@@ -123,9 +123,10 @@ def test_gemv_gated(device, split):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_prefill_gemm(device, dtype):
-    """ANYFP4_PREFILL=fused: the decode kernel over several row tiles — plain + bias, gated, the float32 share;
-    every output written (poisoned first), repeated runs identical."""
+@pytest.mark.parametrize("split", [1, 3])
+def test_fused_prefill_gemm(device, dtype, split):
+    """ANYFP4_PREFILL=fused: the decode kernel over several row tiles, whole K or in 3 K slices — plain + bias,
+    gated, the float32 share; every output written (poisoned first), repeated runs identical."""
     from anyfp4.dispatch.configs import FusedConfig
     from anyfp4.kernels.triton.nvfp4_decode import nvfp4_fused_gemm
 
@@ -134,7 +135,7 @@ def test_fused_prefill_gemm(device, dtype):
     w, gate = random_weight(n, k, gen, device), random_weight(n, k, gen, device)
     up = random_weight(n, k, gen, device, global_scale=gate.global_scale.cpu())
     p, pg = prepack_nvfp4(w), prepack_nvfp4_gated(gate, up)
-    cfg = FusedConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=1)
+    cfg = FusedConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=1, split_k=split)
     x = torch.randn(m, k, generator=gen).to(dtype).to(device)
     bias = torch.randn(n, generator=gen).to(dtype).to(device)
     out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
@@ -152,6 +153,8 @@ def test_fused_prefill_gemm(device, dtype):
     assert ((y32.double() - ref32).norm() / ref32.norm()).item() < 1e-5  # fp32 accumulation of exact products
     with pytest.raises(ValueError, match="block_k 96 must divide"):
         nvfp4_fused_gemm(x, p, None, FusedConfig(block_k=96))
+    with pytest.raises(ValueError, match="split_k 2 must divide the 3 K tiles"):
+        nvfp4_fused_gemm(x, p, None, FusedConfig(split_k=2))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

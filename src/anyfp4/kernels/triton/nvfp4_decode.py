@@ -186,20 +186,26 @@ def nvfp4_decode_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | N
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
     if c.split_k > 1:
-        block_r = 256
-        splitk_reduce_kernel[(triton.cdiv(n_out, block_r), m)](
-            partial, w.global_scale, bias_arg, out, m, n_out, out.stride(0), c.split_k,
-            BLOCK_R=block_r, HAS_BIAS=bias is not None, GATED=gated, INTERPRET=triton_interpret(),
-            num_warps=4,
-        )
+        _reduce_slices(partial, w, bias, bias_arg, out, c.split_k)
     return out
+
+
+def _reduce_slices(partial: torch.Tensor, w: NVFP4Prepacked, bias, bias_arg, out: torch.Tensor, split_k: int) -> None:
+    """The split-K epilogue: the float32 partials of every K slice added in the order 0, 1, ... into ``out``."""
+    m, n_out = out.shape
+    block_r = 256
+    splitk_reduce_kernel[(triton.cdiv(n_out, block_r), m)](
+        partial, w.global_scale, bias_arg, out, m, n_out, out.stride(0), split_k,
+        BLOCK_R=block_r, HAS_BIAS=bias is not None, GATED=w.gated, INTERPRET=triton_interpret(), num_warps=4,
+    )
 
 
 def nvfp4_fused_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None,
                      config: FusedConfig = FusedConfig(), out: torch.Tensor | None = None,
                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Prefill without a dense copy of the weight (``ANYFP4_PREFILL=fused``): the decode kernel over tiles of
-    ``block_m`` rows, each decoding its weight tiles in registers for ``tl.dot``. x (M, K) -> (M, N); a gated
+    ``block_m`` rows, each decoding its weight tiles in registers for ``tl.dot``, in ``split_k`` K slices (float32
+    partials added in a fixed order, as the decode GEMM does). x (M, K) -> (M, N); a gated
     prepack gives silu(gate) * up; ``out_dtype=float32``: the output unrounded (with a unit global scale: the
     sums before the global scale, a tensor-parallel rank's share)."""
     m, k = x.shape
@@ -207,18 +213,25 @@ def nvfp4_fused_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | No
     k_pad = w.codes.shape[1] * 8
     if k_pad % c.block_k or 128 % c.block_n:
         raise ValueError(f"block_k {c.block_k} must divide K_pad {k_pad} and block_n {c.block_n} divide 128")
+    k_tiles = k_pad // c.block_k
+    if k_tiles % c.split_k:
+        raise ValueError(f"split_k {c.split_k} must divide the {k_tiles} K tiles of block_k {c.block_k}")
     if x.stride(1) != 1:
         x = x.contiguous()
     if out is None:
         out = torch.empty(m, w.out_features, dtype=out_dtype or x.dtype, device=x.device)
     bias_arg = bias if bias is not None else out
-    grid = (triton.cdiv(w.out_features, c.block_n), 1, triton.cdiv(m, c.block_m))
+    partial = out if c.split_k == 1 else torch.empty(c.split_k, m, w.out_features * (2 if w.gated else 1),
+                                                     dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(w.out_features, c.block_n), c.split_k, triton.cdiv(m, c.block_m))
     nvfp4_decode_kernel[grid](
-        x, w.codes, w.scales, w.global_scale, bias_arg, out, out,
-        m, k, w.out_features, w.up_offset, c.block_m, k_pad // c.block_k, 1,
+        x, w.codes, w.scales, w.global_scale, bias_arg, out, partial,
+        m, k, w.out_features, w.up_offset, c.block_m, k_tiles // c.split_k, c.split_k,
         x.stride(0), w.codes.stride(0), w.scales.stride(0), out.stride(0),
-        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_PARTIAL=False,
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_PARTIAL=c.split_k > 1,
         HAS_BIAS=bias is not None, GATED=w.gated, X_PACKED=False, INTERPRET=triton_interpret(),
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
+    if c.split_k > 1:
+        _reduce_slices(partial, w, bias, bias_arg, out, c.split_k)
     return out
