@@ -123,9 +123,9 @@ def test_gemv_gated(device, split):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("split", [1, 4])
 def test_fused_prefill_gemm(device, dtype, split):
-    """ANYFP4_PREFILL=fused: the decode kernel over several row tiles, whole K or in 3 K slices — plain + bias,
+    """ANYFP4_PREFILL=fused: the decode kernel over several row tiles, whole K or in 4 K slices of one tile each — plain + bias,
     gated, the float32 share; every output written (poisoned first), repeated runs identical."""
     from anyfp4.dispatch.configs import FusedConfig
     from anyfp4.kernels.triton.nvfp4_decode import nvfp4_fused_gemm
@@ -153,8 +153,8 @@ def test_fused_prefill_gemm(device, dtype, split):
     assert ((y32.double() - ref32).norm() / ref32.norm()).item() < 1e-5  # fp32 accumulation of exact products
     with pytest.raises(ValueError, match="block_k 96 must divide"):
         nvfp4_fused_gemm(x, p, None, FusedConfig(block_k=96))
-    with pytest.raises(ValueError, match="split_k 2 must divide the 3 K tiles"):
-        nvfp4_fused_gemm(x, p, None, FusedConfig(split_k=2))
+    with pytest.raises(ValueError, match="split_k 3 must divide the 4 K tiles"):
+        nvfp4_fused_gemm(x, p, None, FusedConfig(split_k=3))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
