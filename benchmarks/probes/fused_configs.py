@@ -74,7 +74,8 @@ def main() -> None:
             best = min(timed, key=timed.get)
             line["best"], line["best_x_bf16"] = best, line["bf16_us"] / timed[best]
             report["rows"].append(line)
-            print(f"{shape:>18} M={m:5d} bf16 {line['bf16_us']:7.1f} us | default {timed.get('128x128x128/w8/s3/k1', 0):7.1f}"
+            default = timed.get("128x128x128/w8/s3/k1", 0)
+            print(f"{shape:>18} M={m:5d} bf16 {line['bf16_us']:7.1f} us | default {default:7.1f}"
                   f" | best {best} {timed[best]:7.1f} ({line['best_x_bf16']:.2f}x bf16)", flush=True)
     with open(a.out, "w") as f:
         json.dump(report, f, indent=1)

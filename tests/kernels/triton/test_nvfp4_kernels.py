@@ -125,8 +125,8 @@ def test_gemv_gated(device, split):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("split", [1, 4])
 def test_fused_prefill_gemm(device, dtype, split):
-    """ANYFP4_PREFILL=fused: the decode kernel over several row tiles, whole K or in 4 K slices of one tile each — plain + bias,
-    gated, the float32 share; every output written (poisoned first), repeated runs identical."""
+    """ANYFP4_PREFILL=fused: the decode kernel over several row tiles, whole K or in 4 K slices of one tile each —
+    plain + bias, gated, the float32 share; every output written (poisoned first), repeated runs identical."""
     from anyfp4.dispatch.configs import FusedConfig
     from anyfp4.kernels.triton.nvfp4_decode import nvfp4_fused_gemm
 

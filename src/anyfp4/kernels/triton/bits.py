@@ -101,16 +101,6 @@ def e2m1_fp16_at(words, i: tl.constexpr):
     return bits.to(tl.int16).to(tl.float16, bitcast=True)
 
 
-@triton.jit
-def decode_words_fp16(words, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(BLOCK_N, BLOCK_K // 8) prepacked words -> (BLOCK_N, BLOCK_K) fp16 ``e2m1 * 2^-14`` in checkpoint order."""
-    c0, c1, c2, c3 = e2m1_fp16_at(words, 0), e2m1_fp16_at(words, 1), e2m1_fp16_at(words, 2), e2m1_fp16_at(words, 3)
-    c4, c5, c6, c7 = e2m1_fp16_at(words, 4), e2m1_fp16_at(words, 5), e2m1_fp16_at(words, 6), e2m1_fp16_at(words, 7)
-    # join stacks on a new last axis: this nesting puts code l + 4a + 2b at [a, b, l], i.e. in order
-    x = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
-    return tl.reshape(x, (BLOCK_N, BLOCK_K))
-
-
 _PAIR_MASK = tl.constexpr(0x81C081C0 - (1 << 32))  # bf16 bits 6-8 and 15 of both halves, as an int32
 _PAIR3_MASK = tl.constexpr(0x81808180 - (1 << 32))
 _SIGNS = tl.constexpr(0x80008000 - (1 << 32))
@@ -190,13 +180,6 @@ def block_scale_pair(b, dtype: tl.constexpr, WIDE: tl.constexpr = False):
     else:
         s = ((b.to(tl.int16) << 4) + (229 << 7)).to(dtype, bitcast=True)
     return s
-
-
-@triton.jit
-def block_scale_fp16(b):
-    """Prepacked block-scale bytes (``packing.nvfp4.SCALE_BYTE``: ``(e + 10) << 3 | m``) -> fp16 ``bs * 2^-5``,
-    exactly (a normal fp16 for every non-zero scale; 0 for zero)."""
-    return (b.to(tl.int16) << 7).to(tl.float16, bitcast=True)
 
 
 @triton.jit

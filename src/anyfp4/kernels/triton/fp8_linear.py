@@ -2,9 +2,10 @@
 the prepack of ``packing.fp8`` (its layout and ``BYTE_BITS`` are described there); and the prepack written back as
 plain E4M3 bytes for the W8A8 prefill (``fp8_w8a8``).
 
-Decoding in the Triton kernels is integer bit arithmetic (``bits.fp8_fp16_at``): each
-value's magnitude at fp16 bits 7-13 and sign at 15 is exactly ``e4m3 * 2^-8``, widened to float32;
-the epilogue multiplies by ``scale[n] * 2^8``.
+Decoding in the Triton kernels is integer bit arithmetic: in the GEMV (``bits.fp8_fp16_at``) each value's
+magnitude at fp16 bits 7-13 and sign at 15 is exactly ``e4m3 * 2^-8``, widened to float32, the epilogue
+multiplies by ``scale[n] * 2^8``; the dequantize kernel takes two values per integer operation as bf16 bits
+widened to float32 (``bits.decode_fp8_pairs``: ``e4m3 * 2^-120``), times ``2^120``, then the row's scale.
 """
 
 from __future__ import annotations

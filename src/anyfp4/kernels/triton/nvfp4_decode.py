@@ -7,13 +7,15 @@ launch). Weights come from ``packing.nvfp4.NVFP4Prepacked``.
 How a weight tile is decoded, all in integer bit arithmetic (no FP4/FP8 conversion
 instructions, so the same source compiles for sm_70 .. sm_90):
 
-- a 32-bit word holds 8 E2M1 codes (``packing.nvfp4.CODE_BITS``); magnitude at bits 9-11 and
-  sign at bit 15, read as fp16 bits, is exactly ``e2m1(c) * 2^-14`` (subnormal 0.5 included);
-- a prepacked block-scale byte ``b`` (``packing.nvfp4.SCALE_BYTE``): ``(b << 7)`` read as fp16 bits
-  is exactly ``bs * 2^-5``, times 32 gives ``bs``;
-- ``e2m1 * bs * 2^-14`` is exact in fp16 (at most 6 significant bits, within [2^-24, 0.17]),
-  so the tensor-core dot of that tile with the activations is exact up to fp32 accumulation;
-  the output is multiplied once by ``global_scale * 2^14``.
+- a 32-bit word holds 8 E2M1 codes, codes p and p + 4 placed (``packing.nvfp4.CODE_BITS``) so that a shift
+  or rotation and a mask make them the two halves of an int32 as bf16 ``e2m1 * 2^-126`` (fp16: three bits
+  up, ``e2m1 * 2^-14``; subnormal 0.5 included): two codes per integer operation
+  (``bits.decode_words_pairs``);
+- a prepacked block-scale byte (``packing.nvfp4.SCALE_BYTE``) shifted into the exponent field, plus a constant,
+  is exactly bf16 ``bs * 2^112`` or fp16 ``bs`` (``bits.block_scale_pair``);
+- their product ``e2m1 * bs * 2^-14`` is exact in either type (at most 6 significant bits, within
+  [2^-24, 0.17]), so the tensor-core dot of that tile with the activations is exact up to fp32
+  accumulation; the output is multiplied once by ``global_scale * 2^14``.
 
 Split-K: program (n-tile, s) accumulates K-slice ``s``. With ``split_k > 1`` the fp32 partial
 sums go to a workspace and a second kernel (``nvfp4_epilogue.splitk_reduce_kernel``) adds them in
