@@ -9,25 +9,16 @@ rotated weight copies): the source of ``dispatch.tuning``'s fused configs.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import time
-from pathlib import Path
 
 import torch
+from prefill_modes import scoreboard  # beside this script: the scoreboard's shapes, arms and timing plans
 
-HERE = Path(__file__).resolve().parent
 SHAPES = ("6144x4096", "28672x4096:gated", "14336x4096", "4096x14336", "28672x8192", "5120x1536")
 # (block_m, block_n, block_k, num_warps, num_stages, split_k); block_k is 128 at least (the tiled code words)
 CONFIGS = ((128, 128, 128, 8, 3, 1), (64, 128, 128, 4, 3, 1), (64, 64, 128, 4, 3, 1), (128, 64, 128, 4, 3, 1),
            (64, 64, 128, 4, 3, 2), (64, 64, 128, 4, 3, 4), (64, 128, 128, 4, 3, 2), (128, 128, 128, 8, 3, 2))
-
-
-def scoreboard():
-    spec = importlib.util.spec_from_file_location("scoreboard", HERE.parent / "kernels" / "scoreboard.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def main() -> None:
