@@ -15,12 +15,12 @@ import json
 import pstats
 import statistics
 import time
-from collections import defaultdict
 
 import torch
 
 from anyfp4.bench.random_model import random_model
 from anyfp4.runtime.generate import cache_slots
+from step_profile import kernel_table  # beside this script
 
 
 def prefill(model, prompt):
@@ -36,22 +36,6 @@ def wall_ms(model, prompt, reps: int) -> list[float]:
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     return times
-
-
-def kernels(model, prompt) -> tuple[float, int, list[dict]]:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        prefill(model, prompt)
-        torch.cuda.synchronize()
-    by_name = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            by_name[e.name][0] += e.device_time_total
-            by_name[e.name][1] += 1
-    rows = sorted(({"kernel": k[:100], "us": v[0], "launches": v[1]} for k, v in by_name.items()),
-                  key=lambda r: -r["us"])
-    return sum(r["us"] for r in rows) / 1e3, sum(r["launches"] for r in rows), rows
 
 
 def host_functions(model, prompt, top: int) -> str:
@@ -86,7 +70,9 @@ def main() -> None:
             for _ in range(2):
                 prefill(model, prompt)
             times = wall_ms(model, prompt, a.reps)
-            gpu_ms, launches, rows = kernels(model, prompt)
+            rows = kernel_table(lambda: prefill(model, prompt), reps=1)
+            gpu_ms = sum(r["us_per_step"] for r in rows) / 1e3
+            launches = round(sum(r["launches_per_step"] for r in rows))
             host = host_functions(model, prompt, a.top)
             run = {"format": fmt, "prompt": n, "wall_ms": times, "wall_ms_median": statistics.median(times),
                    "kernel_ms": gpu_ms, "launches": launches, "kernels": rows[:25], "host_top": host}
@@ -94,7 +80,7 @@ def main() -> None:
             print(f"== {fmt} prompt {n}: wall {run['wall_ms_median']:.2f} ms (min {min(times):.2f}), kernels "
                   f"{gpu_ms:.2f} ms in {launches} launches")
             for r in rows[:8]:
-                print(f"   {r['us']:9.1f} us x{r['launches']:4d} {r['kernel'][:80]}")
+                print(f"   {r['us_per_step']:9.1f} us x{r['launches_per_step']:4.0f} {r['kernel'][:80]}")
             if fmt == a.formats[0] and n == a.prompts[0]:
                 print("\n".join(line[:150] for line in host.splitlines()[:40]))
         del model

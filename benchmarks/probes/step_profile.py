@@ -25,12 +25,14 @@ from anyfp4.runtime.generate import cache_slots, decode_step
 from anyfp4.bench.random_model import random_model
 
 
-def kernel_table(model, tok, pos, reps: int = 5) -> list[dict]:
+def kernel_table(run, reps: int = 5) -> list[dict]:
+    """CUDA kernel time and launches of one ``run()`` (a step, or a prefill), by kernel name, averaged over
+    ``reps`` runs, the costliest first."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            model(tok, pos)
+            run()
         torch.cuda.synchronize()
     by_name = defaultdict(lambda: [0.0, 0])
     for e in prof.events():
@@ -76,7 +78,7 @@ def main() -> None:
         tok = torch.zeros(1, 1, dtype=torch.long, device=dev)
         pos = torch.tensor([a.context], device=dev)
         model(tok, pos)
-        rows = kernel_table(model, tok, pos)
+        rows = kernel_table(lambda: model(tok, pos))
         total = sum(r["us_per_step"] for r in rows)
         g = graph_ms(model, tok, pos)
         report["formats"][fmt] = {"graph_ms_per_step": g, "kernel_us_per_step": total,

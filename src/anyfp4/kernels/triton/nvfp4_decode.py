@@ -160,46 +160,46 @@ def act_block_pack(x: torch.Tensor, k_pad: int) -> torch.Tensor:
 def nvfp4_decode_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None, config: DecodeConfig,
                       act_pack: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) with M <= 32 -> (M, N); a gated prepack gives silu(gate) * up. Checked by the op."""
-    m, k = x.shape
-    gated = w.gated
-    n_out = w.out_features
-    k_pad = w.codes.shape[1] * 8
+    m = x.shape[0]
     block_m = block_m_for(m)
-    c = config
-    n_tiles = triton.cdiv(n_out, c.block_n)
-    k_tiles = k_pad // c.block_k
+    if out is None:
+        out = torch.empty(m, w.out_features, dtype=x.dtype, device=x.device)
+    if act_pack:
+        xk, stride_xm = act_block_pack(x, w.codes.shape[1] * 8), 0
+    else:
+        xk, stride_xm = x, x.stride(0)
+    return _launch(xk, stride_xm, act_pack, x.shape, w, bias, out, config, block_m)
+
+
+def _launch(xk: torch.Tensor, stride_xm: int, x_packed: bool, x_shape, w: NVFP4Prepacked, bias: torch.Tensor | None,
+            out: torch.Tensor, c: DecodeConfig | FusedConfig, block_m: int) -> torch.Tensor:
+    """``nvfp4_decode_kernel`` over (N tiles, ``c.split_k`` K slices, row tiles of ``block_m``) into ``out``; with
+    K slices their float32 partials are added in the order 0, 1, ... by ``splitk_reduce_kernel`` (no atomics:
+    identical inputs give identical bits)."""
+    m, k = x_shape
+    n_out = w.out_features
+    k_tiles = w.codes.shape[1] * 8 // c.block_k
     if k_tiles % c.split_k:
         raise ValueError(f"split_k {c.split_k} must divide the {k_tiles} K tiles of block_k {c.block_k}")
-    if out is None:
-        out = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
-    if act_pack:
-        xk, x_rows, stride_xm = act_block_pack(x, k_pad), block_m, 0
-    else:
-        xk, x_rows, stride_xm = x, block_m, x.stride(0)
-    partial = out if c.split_k == 1 else torch.empty(c.split_k, m, n_out * (2 if gated else 1),
-                                                     dtype=torch.float32, device=x.device)
+    partial = out if c.split_k == 1 else torch.empty(c.split_k, m, n_out * (2 if w.gated else 1),
+                                                     dtype=torch.float32, device=out.device)
     bias_arg = bias if bias is not None else out
-    nvfp4_decode_kernel[(n_tiles, c.split_k)](
+    grid = (triton.cdiv(n_out, c.block_n), c.split_k, triton.cdiv(m, block_m))
+    nvfp4_decode_kernel[grid](
         xk, w.codes, w.scales, w.global_scale, bias_arg, out, partial,
-        m, k, n_out, w.up_offset, x_rows, k_tiles // c.split_k, c.split_k,
+        m, k, n_out, w.up_offset, block_m, k_tiles // c.split_k, c.split_k,
         stride_xm, w.codes.stride(0), w.scales.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_PARTIAL=c.split_k > 1,
-        HAS_BIAS=bias is not None, GATED=gated, X_PACKED=act_pack, INTERPRET=triton_interpret(),
+        HAS_BIAS=bias is not None, GATED=w.gated, X_PACKED=x_packed, INTERPRET=triton_interpret(),
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
     if c.split_k > 1:
-        _reduce_slices(partial, w, bias, bias_arg, out, c.split_k)
+        block_r = 256
+        splitk_reduce_kernel[(triton.cdiv(n_out, block_r), m)](
+            partial, w.global_scale, bias_arg, out, m, n_out, out.stride(0), c.split_k,
+            BLOCK_R=block_r, HAS_BIAS=bias is not None, GATED=w.gated, INTERPRET=triton_interpret(), num_warps=4,
+        )
     return out
-
-
-def _reduce_slices(partial: torch.Tensor, w: NVFP4Prepacked, bias, bias_arg, out: torch.Tensor, split_k: int) -> None:
-    """The split-K epilogue: the float32 partials of every K slice added in the order 0, 1, ... into ``out``."""
-    m, n_out = out.shape
-    block_r = 256
-    splitk_reduce_kernel[(triton.cdiv(n_out, block_r), m)](
-        partial, w.global_scale, bias_arg, out, m, n_out, out.stride(0), split_k,
-        BLOCK_R=block_r, HAS_BIAS=bias is not None, GATED=w.gated, INTERPRET=triton_interpret(), num_warps=4,
-    )
 
 
 def nvfp4_fused_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | None,
@@ -210,30 +210,12 @@ def nvfp4_fused_gemm(x: torch.Tensor, w: NVFP4Prepacked, bias: torch.Tensor | No
     partials added in a fixed order, as the decode GEMM does). x (M, K) -> (M, N); a gated
     prepack gives silu(gate) * up; ``out_dtype=float32``: the output unrounded (with a unit global scale: the
     sums before the global scale, a tensor-parallel rank's share)."""
-    m, k = x.shape
     c = config
     k_pad = w.codes.shape[1] * 8
     if k_pad % c.block_k or 128 % c.block_n:
         raise ValueError(f"block_k {c.block_k} must divide K_pad {k_pad} and block_n {c.block_n} divide 128")
-    k_tiles = k_pad // c.block_k
-    if k_tiles % c.split_k:
-        raise ValueError(f"split_k {c.split_k} must divide the {k_tiles} K tiles of block_k {c.block_k}")
     if x.stride(1) != 1:
         x = x.contiguous()
     if out is None:
-        out = torch.empty(m, w.out_features, dtype=out_dtype or x.dtype, device=x.device)
-    bias_arg = bias if bias is not None else out
-    partial = out if c.split_k == 1 else torch.empty(c.split_k, m, w.out_features * (2 if w.gated else 1),
-                                                     dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(w.out_features, c.block_n), c.split_k, triton.cdiv(m, c.block_m))
-    nvfp4_decode_kernel[grid](
-        x, w.codes, w.scales, w.global_scale, bias_arg, out, partial,
-        m, k, w.out_features, w.up_offset, c.block_m, k_tiles // c.split_k, c.split_k,
-        x.stride(0), w.codes.stride(0), w.scales.stride(0), out.stride(0),
-        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_PARTIAL=c.split_k > 1,
-        HAS_BIAS=bias is not None, GATED=w.gated, X_PACKED=False, INTERPRET=triton_interpret(),
-        num_warps=c.num_warps, num_stages=c.num_stages,
-    )
-    if c.split_k > 1:
-        _reduce_slices(partial, w, bias, bias_arg, out, c.split_k)
-    return out
+        out = torch.empty(x.shape[0], w.out_features, dtype=out_dtype or x.dtype, device=x.device)
+    return _launch(x, x.stride(0), False, x.shape, w, bias, out, c, c.block_m)
