@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
-from prefill_modes import scoreboard  # beside this script: the scoreboard's shapes, arms and timing plans
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # prefill_modes.py beside this script
+from prefill_modes import scoreboard  # noqa: E402  (the scoreboard's shapes, arms and timing plans)
 
 SHAPES = ("6144x4096", "28672x4096:gated", "14336x4096", "4096x14336", "28672x8192", "5120x1536")
 # (block_m, block_n, block_k, num_warps, num_stages, split_k); block_k is 128 at least (the tiled code words)

@@ -14,13 +14,17 @@ import io
 import json
 import pstats
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from anyfp4.bench.random_model import random_model
 from anyfp4.runtime.generate import cache_slots
-from step_profile import kernel_table  # beside this script
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # step_profile.py beside this script
+from step_profile import kernel_table  # noqa: E402  (kernel time by name)
 
 
 def prefill(model, prompt):
