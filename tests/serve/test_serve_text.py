@@ -3,7 +3,8 @@ still change them (a split character, the start of a stop string), cut before a 
 
 import pytest
 
-from anyfp4.serve.text import ReplyText, settled_length, stop_index
+from anyfp4.runtime.reply_decode import settled_length
+from anyfp4.serve.text import ReplyText, stop_index
 
 
 def pieces_decoder(pieces: list[str]):

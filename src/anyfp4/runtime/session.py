@@ -19,6 +19,7 @@ from .model import Transformer
 from .mtp import MTPHead
 from .plan import ModelPlan, plan_checkpoint
 from .rate_line import RateLine
+from .reply_decode import ReplyDecoder, settled_length
 
 GENERATION_CONFIG = "generation_config.json"
 
@@ -154,6 +155,10 @@ class Session:
         """The text of generated ``tokens``: stop tokens dropped, special tokens skipped."""
         return self.tokenizer.decode([t for t in tokens if t not in params.stop_token_ids], skip_special_tokens=True)
 
+    def reply_decoder(self, params: SamplingParams) -> ReplyDecoder:
+        """``reply_text`` of a growing token list, token by token (its ``text(tokens)``)."""
+        return ReplyDecoder(self.tokenizer, params.stop_token_ids)
+
     def complete(self, prompts: list[list[int]], params: SamplingParams, stream: TextIO | None = None,
                  status: TextIO | None = None) -> list[str]:
         """Generate for each prompt; with ``stream`` (one prompt only) print text as it is produced; on a
@@ -163,15 +168,19 @@ class Session:
         rate = RateLine(status, stream if streaming else None)
         shown = [""]
         produced: list[int] = []
+        decoder = self.reply_decoder(params) if streaming else None
 
-        def show(new: list[int]) -> None:
-            produced.extend(new)
-            text = self.reply_text(produced, params)
+        def write(text: str) -> None:
             rate.before_text()
             stream.write(text[len(shown[0]):])
             stream.flush()
             rate.after_text(text[len(shown[0]):])
             shown[0] = text
+
+        def show(new: list[int]) -> None:  # the text the next tokens cannot change (``settled_length``)
+            produced.extend(new)
+            text = decoder.text(produced)
+            write(text[:settled_length(text, decoder.hold_back)])
             rate.add(len(new))
 
         def count(step: list[int]) -> None:
@@ -189,6 +198,10 @@ class Session:
                 out = generate(self.model, prompts, params, (lambda step: show(step[:1])) if streaming else count,
                                compile_decode=self.compile_decode)
         finally:
+            if streaming and produced:  # what was held back, also from an interrupted reply
+                text = decoder.text(produced)
+                if text.startswith(shown[0]):
+                    write(text)
             rate.erase()
             if streaming:
                 stream.write("\n")  # also after an interrupted reply: what follows starts on a line of its own

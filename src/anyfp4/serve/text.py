@@ -1,15 +1,17 @@
 """A reply's text as its tokens come: the part safe to send now, and where a stop string ends it.
 
-The text is always the decode of all tokens so far (as ``anyfp4 generate`` decodes them), never a sum of
-per-token pieces: a character split over tokens, or a tokenizer that joins pieces, comes out as it would at
-the end. Held back until the next token: a trailing U+FFFD (a character whose remaining bytes are still to
-come) and a tail that could be the start of a stop string (OpenAI's replies leave the stop string out)."""
+The text is always the decode of all tokens so far, as ``anyfp4 generate`` decodes them (made token by token by
+``runtime.reply_decode.ReplyDecoder``, whose text is the whole decode's): a character split over tokens, or a
+tokenizer that joins pieces, comes out as it would at the end. Held back until the next token
+(``settled_length``): a trailing U+FFFD (a character whose remaining bytes are still to come), a tail that could
+be the start of a stop string (OpenAI's replies leave the stop string out) or that the tokenizer's clean-up
+could still rewrite."""
 
 from __future__ import annotations
 
 from typing import Callable
 
-INCOMPLETE = "\ufffd"
+from ..runtime.reply_decode import settled_length
 
 
 def stop_index(text: str, stops: tuple[str, ...]) -> int | None:
@@ -18,26 +20,14 @@ def stop_index(text: str, stops: tuple[str, ...]) -> int | None:
     return min(found) if found else None
 
 
-def settled_length(text: str, stops: tuple[str, ...]) -> int:
-    """How much of ``text`` the next tokens cannot change or cut."""
-    end = len(text)
-    while end and text[end - 1] == INCOMPLETE:
-        end -= 1
-    settled = end
-    for stop in stops:
-        for k in range(min(len(stop) - 1, end), 0, -1):
-            if text.startswith(stop[:k], end - k):
-                settled = min(settled, end - k)
-                break
-    return settled
-
-
 class ReplyText:
-    """``decode(tokens)`` -> text; ``add`` after each token (only when the text is wanted as it comes:
-    streaming, or stop strings to watch for), ``finish`` at the end."""
+    """``decode(tokens)`` -> text (of a token list that only grows); ``add`` after each token (only when the text
+    is wanted as it comes: streaming, or stop strings to watch for), ``finish`` at the end. ``hold_back``: strings
+    whose start at the end of the text the decoder could still rewrite (``ReplyDecoder.hold_back``)."""
 
-    def __init__(self, decode: Callable[[list[int]], str], stops: tuple[str, ...], incremental: bool):
-        self.decode, self.stops, self.incremental = decode, stops, incremental
+    def __init__(self, decode: Callable[[list[int]], str], stops: tuple[str, ...], incremental: bool,
+                 hold_back: tuple[str, ...] = ()):
+        self.decode, self.stops, self.incremental, self.hold_back = decode, stops, incremental, hold_back
         self.sent = ""  # what add() and finish() have handed out, in order
         self.final: str | None = None  # the whole reply, once known
 
@@ -55,7 +45,7 @@ class ReplyText:
         if cut is not None:
             self.final = text[:cut]
             return self._take(self.final), True
-        return self._take(text[:settled_length(text, self.stops)]), False
+        return self._take(text[:settled_length(text, self.stops + self.hold_back)]), False
 
     def finish(self, tokens: list[int]) -> str:
         """The rest of the reply (all of it when nothing was sent as it came); ``final`` is the whole."""

@@ -117,11 +117,12 @@ class _Ended(Exception):
 
 
 class _Row:
-    """One job's place in a generation: its tokens so far and the text they make."""
+    """One job's place in a generation: its tokens so far and the text they make (``decoder``: the job's
+    ``ReplyDecoder`` and a function that calls its ``text`` under the tokenizer's lock)."""
 
-    def __init__(self, job: Job, reply_text):
+    def __init__(self, job: Job, decoder, locked_text: Callable[[list[int]], str]):
         self.job, self.produced, self.ended = job, [], False
-        self.text = ReplyText(lambda tokens: reply_text(tokens, job.params), job.stops, job.incremental)
+        self.text = ReplyText(locked_text, job.stops, job.incremental, decoder.hold_back)
 
     def add(self, token: int) -> None:
         """The row's next token: its text delta out, and the row ended at a stop token, stop string or its limit."""
@@ -169,9 +170,15 @@ class GenerationWorker:
         with self.tokenizer_lock:
             return self.session.encode_chat(messages)
 
-    def _reply_text(self, tokens: list[int], params: SamplingParams) -> str:
+    def _row(self, job: Job) -> _Row:
         with self.tokenizer_lock:
-            return self.session.reply_text(tokens, params)
+            decoder = self.session.reply_decoder(job.params)
+
+        def locked_text(tokens: list[int]) -> str:
+            with self.tokenizer_lock:
+                return decoder.text(tokens)
+
+        return _Row(job, decoder, locked_text)
 
     # -- the queue ------------------------------------------------------------------------------------------
 
@@ -292,7 +299,7 @@ class GenerationWorker:
                 self._generate(batch)
 
     def _generate(self, batch: list[Job]) -> None:
-        rows = [_Row(job, self._reply_text) for job in batch]
+        rows = [self._row(job) for job in batch]
         start, first_tokens = time.monotonic(), []
         params = replace(batch[0].params, max_new_tokens=max(job.params.max_new_tokens for job in batch))
 
