@@ -22,7 +22,10 @@ from prefill_modes import scoreboard  # noqa: E402  (the scoreboard's shapes, ar
 SHAPES = ("6144x4096", "28672x4096:gated", "14336x4096", "4096x14336", "28672x8192", "5120x1536")
 # (block_m, block_n, block_k, num_warps, num_stages, split_k); block_k is 128 at least (the tiled code words)
 CONFIGS = ((128, 128, 128, 8, 3, 1), (64, 128, 128, 4, 3, 1), (64, 64, 128, 4, 3, 1), (128, 64, 128, 4, 3, 1),
-           (64, 64, 128, 4, 3, 2), (64, 64, 128, 4, 3, 4), (64, 128, 128, 4, 3, 2), (128, 128, 128, 8, 3, 2))
+           (64, 64, 128, 4, 3, 2), (64, 64, 128, 4, 3, 4), (64, 128, 128, 4, 3, 2), (128, 128, 128, 8, 3, 2),
+           # 256 rows a tile: half the decode work a multiply-add of 128 (sm_90 SASS: 16 wgmmas a K step against 8,
+           # 396 instructions a warp against 313); two stages for the shared memory (172 KB)
+           (256, 128, 128, 8, 2, 1), (256, 128, 128, 16, 2, 1))
 
 
 def main() -> None:
@@ -31,6 +34,7 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
     ap.add_argument("--ms", type=int, nargs="+", default=[48, 64, 128, 256, 1024])
     ap.add_argument("--budget-s", type=float, default=240)
+    ap.add_argument("--configs", nargs="+", help="only these configs, named as in the report (e.g. 256x128x128/w8/s2/k1)")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--out", default="fused_configs.json")
     a = ap.parse_args()
@@ -54,9 +58,11 @@ def main() -> None:
                     "bf16_us": graph_seconds(bf16_calls(m), **sb.timing_plan(m, copies)) * 1e6, "configs": {}}
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             for bm, bn, bk, warps, stages, split in CONFIGS:
+                key = f"{bm}x{bn}x{bk}/w{warps}/s{stages}/k{split}"
+                if a.configs and key not in a.configs:
+                    continue
                 cfg = FusedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
                                   split_k=split)
-                key = f"{bm}x{bn}x{bk}/w{warps}/s{stages}/k{split}"
                 try:
                     ps = nv_calls.prepacks
                     us = graph_seconds(lambda i: nvfp4_fused_gemm(x, ps[i % copies], None, cfg),
