@@ -67,3 +67,13 @@ def test_settled_length(text, stops, settled):
 def test_without_incremental_text_all_comes_at_the_end():
     sent, final = run(["Hel", "lo", " STOP", "x"], ("STOP",), incremental=False)
     assert sent == ["", "", "", "", "Hello "] and final == "Hello "
+
+
+def test_the_final_text_is_the_whole_decode_a_cut_character_included():
+    """The token-by-token text leaves out a character still to be completed; a reply that ends there ends as the
+    whole decode shows it (what ``anyfp4 generate`` prints)."""
+    pieces = ["caf", "\ufffd"]
+    whole = pieces_decoder(pieces)
+    reply = ReplyText(lambda tokens: whole(tokens).rstrip("\ufffd"), (), True, decode_whole=whole)
+    assert [reply.add([0])[0], reply.add([0, 1])[0], reply.finish([0, 1])] == ["caf", "", "\ufffd"]
+    assert reply.final == "caf\ufffd"

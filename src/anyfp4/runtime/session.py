@@ -199,7 +199,7 @@ class Session:
                                compile_decode=self.compile_decode)
         finally:
             if streaming and produced:  # what was held back, also from an interrupted reply
-                text = decoder.text(produced)
+                text = self.reply_text(produced, params)
                 if text.startswith(shown[0]):
                     write(text)
             rate.erase()

@@ -22,12 +22,15 @@ def stop_index(text: str, stops: tuple[str, ...]) -> int | None:
 
 class ReplyText:
     """``decode(tokens)`` -> text (of a token list that only grows); ``add`` after each token (only when the text
-    is wanted as it comes: streaming, or stop strings to watch for), ``finish`` at the end. ``hold_back``: strings
-    whose start at the end of the text the decoder could still rewrite (``ReplyDecoder.hold_back``)."""
+    is wanted as it comes: streaming, or stop strings to watch for), ``finish`` at the end, with ``decode_whole``
+    (default ``decode``): the whole decode, a character cut off at the end included as ``decode`` shows it.
+    ``hold_back``: strings whose start at the end of the text the decoder could still rewrite
+    (``ReplyDecoder.hold_back``)."""
 
     def __init__(self, decode: Callable[[list[int]], str], stops: tuple[str, ...], incremental: bool,
-                 hold_back: tuple[str, ...] = ()):
+                 hold_back: tuple[str, ...] = (), decode_whole: Callable[[list[int]], str] | None = None):
         self.decode, self.stops, self.incremental, self.hold_back = decode, stops, incremental, hold_back
+        self.decode_whole = decode_whole or decode
         self.sent = ""  # what add() and finish() have handed out, in order
         self.final: str | None = None  # the whole reply, once known
 
@@ -50,7 +53,7 @@ class ReplyText:
     def finish(self, tokens: list[int]) -> str:
         """The rest of the reply (all of it when nothing was sent as it came); ``final`` is the whole."""
         if self.final is None:
-            text = self.decode(tokens)
+            text = self.decode_whole(tokens)
             cut = stop_index(text, self.stops)
             self.final = text if cut is None else text[:cut]
         return self._take(self.final)

@@ -117,12 +117,13 @@ class _Ended(Exception):
 
 
 class _Row:
-    """One job's place in a generation: its tokens so far and the text they make (``decoder``: the job's
-    ``ReplyDecoder`` and a function that calls its ``text`` under the tokenizer's lock)."""
+    """One job's place in a generation: its tokens so far and the text they make (``ReplyText`` over ``text``, its
+    ``ReplyDecoder``'s text under the tokenizer's lock, and ``whole``, the whole decode at the end)."""
 
-    def __init__(self, job: Job, decoder, locked_text: Callable[[list[int]], str]):
+    def __init__(self, job: Job, text: Callable[[list[int]], str], whole: Callable[[list[int]], str],
+                 hold_back: tuple[str, ...]):
         self.job, self.produced, self.ended = job, [], False
-        self.text = ReplyText(locked_text, job.stops, job.incremental, decoder.hold_back)
+        self.text = ReplyText(text, job.stops, job.incremental, hold_back, whole)
 
     def add(self, token: int) -> None:
         """The row's next token: its text delta out, and the row ended at a stop token, stop string or its limit."""
@@ -174,11 +175,15 @@ class GenerationWorker:
         with self.tokenizer_lock:
             decoder = self.session.reply_decoder(job.params)
 
-        def locked_text(tokens: list[int]) -> str:
+        def text(tokens: list[int]) -> str:
             with self.tokenizer_lock:
                 return decoder.text(tokens)
 
-        return _Row(job, decoder, locked_text)
+        def whole(tokens: list[int]) -> str:
+            with self.tokenizer_lock:
+                return self.session.reply_text(tokens, job.params)
+
+        return _Row(job, text, whole, decoder.hold_back)
 
     # -- the queue ------------------------------------------------------------------------------------------
 
