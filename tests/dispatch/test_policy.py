@@ -168,15 +168,17 @@ def test_auto_prefill_picks_by_rows_and_shape(fmt, m, sm, mma, shape, expected):
 
 
 @pytest.mark.parametrize("m, shape, tile", [
-    (48, (28672, 4096), (64, 64, 4)), (64, (28672, 8192), (64, 128, 4)), (64, (4096, 14336), (64, 64, 4)),
-    (128, (14336, 4096), (128, 128, 8)), (128, (4096, 14336), (64, 64, 4)), (128, (6144, 4096), (64, 64, 4)),
-    (1024, (4096, 4096), (128, 128, 8)),
+    (48, (28672, 4096), (64, 64, 4, 1)), (64, (28672, 8192), (64, 128, 4, 1)), (64, (4096, 14336), (64, 64, 4, 4)),
+    (48, (14336, 4096), (64, 64, 4, 1)), (64, (4096, 4096), (64, 64, 4, 4)), (64, (2048, 1152), (64, 64, 4, 1)),
+    (128, (14336, 4096), (128, 128, 8, 1)), (128, (4096, 14336), (64, 64, 4, 1)), (128, (6144, 4096), (64, 64, 4, 1)),
+    (1024, (4096, 4096), (128, 128, 8, 1)),
 ])
 def test_fused_prefill_tiles_follow_the_sweep(m, shape, tile):
-    """``dispatch.tuning.fused_config``: the tiles the H100 sweep chose (block_m, block_n, warps), each one the
-    kernel takes (block_n divides a storage tile's 128 k-words' rows, block_k 128)."""
+    """``dispatch.tuning.fused_config``: the tiles the H100 sweep chose (block_m, block_n, warps, K slices), each one
+    the kernel takes (block_n divides a storage tile's 128 k-words' rows, block_k 128, the slices divide K's tiles:
+    K = 1040 prepacks to 1152, nine tiles, no even split)."""
     from anyfp4.dispatch.tuning import fused_config
 
     c = fused_config(m, *shape)
-    assert (c.block_m, c.block_n, c.num_warps) == tile
-    assert 128 % c.block_n == 0 and c.block_k == 128
+    assert (c.block_m, c.block_n, c.num_warps, c.split_k) == tile
+    assert 128 % c.block_n == 0 and c.block_k == 128 and (shape[1] // 128) % c.split_k == 0

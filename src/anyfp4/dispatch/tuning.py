@@ -41,14 +41,26 @@ def decode_config(sm: int, sms: int, n: int, k: int, k_pad: int, m: int) -> Deco
     return builtin_decode_table().get((sm, k, n, m_bucket(m))) or heuristic_config(n, k_pad, sms)
 
 
+FUSED_FEW_TILES = 64  # weight-row tiles of a call up to 64 rows below which its K is split ...
+FUSED_SPLIT_PROGRAMS = 192  # ... into up to four slices, the fewest that launch this many programs
+
+
 def fused_config(m: int, weight_rows: int, k: int) -> FusedConfig:
     """NVFP4's fused prefill GEMM tiles for ``m`` rows of a ``weight_rows`` x ``k`` weight (a gated weight's rows: both
-    halves), from the H100 sweep (benchmarks/probes/fused_configs.py, results/fused_configs_h100.json): up to 64 rows
+    halves; ``k`` as prepacked, a multiple of 128), from the H100 sweep (benchmarks/probes/fused_configs.py, results/fused_configs_h100.json): up to 64 rows
     tiles of 64 rows and 64 weight rows (four warps; 128 weight rows on weights of K >= 8192 and >= 16384 rows:
-    28672x8192 at 48 rows 110 against 160 us); up to 128 rows 128 x 128 (eight warps) on weights of >= 14336 rows and
-    K < 12288, else 64 x 64 (4096x14336 at 128 rows: 100 against 180 us); above, 128 x 128."""
+    28672x8192 at 48 rows 110 against 160 us), K split in 2 or 4 where the weight has at most FUSED_FEW_TILES tiles
+    (4096x14336 at 64 rows, 64 tiles: 39.1 us in 4 slices, 58.5 in 2, 99.5 in one; bf16 46.1); up to 128 rows
+    128 x 128 (eight warps) on weights of >= 14336 rows and K < 12288, else 64 x 64 (4096x14336 at 128 rows: 100
+    against 180 us); above, 128 x 128 (tiles of 256 rows were no faster: 4096x14336 at 1024 rows 325 against 360
+    us, 14336x4096 380 against 354, gate + up 1181 against 672)."""
     if m <= 64:
-        return FusedConfig(block_m=64, block_n=128 if k >= 8192 and weight_rows >= 16384 else 64, num_warps=4)
+        block_n = 128 if k >= 8192 and weight_rows >= 16384 else 64
+        tiles, k_tiles, split = -(-weight_rows // block_n), k // 128, 1
+        if tiles <= FUSED_FEW_TILES:
+            while split < 4 and tiles * split < FUSED_SPLIT_PROGRAMS and k_tiles % (2 * split) == 0:
+                split *= 2
+        return FusedConfig(block_m=64, block_n=block_n, num_warps=4, split_k=split)
     if m <= 128 and not (weight_rows >= 14336 and k < 12288):
         return FusedConfig(block_m=64, block_n=64, num_warps=4)
     return FusedConfig()

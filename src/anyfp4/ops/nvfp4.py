@@ -59,7 +59,7 @@ def _fused_prefill(x2: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], out_dt
     from ..dispatch.tuning import fused_config
     from ..kernels.triton.nvfp4_decode import nvfp4_fused_gemm
 
-    config = fused_config(x2.shape[0], w.out_features * (2 if w.gated else 1), w.in_features)
+    config = fused_config(x2.shape[0], w.out_features * (2 if w.gated else 1), w.codes.shape[1] * K_PER_WORD)
     return nvfp4_fused_gemm(x2, w, bias, config, out_dtype=out_dtype)
 
 
