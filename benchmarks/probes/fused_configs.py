@@ -34,7 +34,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
     ap.add_argument("--ms", type=int, nargs="+", default=[48, 64, 128, 256, 1024])
     ap.add_argument("--budget-s", type=float, default=240)
-    ap.add_argument("--configs", nargs="+", help="only these configs, named as in the report (e.g. 256x128x128/w8/s2/k1)")
+    ap.add_argument("--configs", nargs="+",
+                    help="only these configs, named as in the report (e.g. 256x128x128/w8/s2/k1)")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--out", default="fused_configs.json")
     a = ap.parse_args()

@@ -47,8 +47,9 @@ FUSED_SPLIT_PROGRAMS = 192  # ... into up to four slices, the fewest that launch
 
 def fused_config(m: int, weight_rows: int, k: int) -> FusedConfig:
     """NVFP4's fused prefill GEMM tiles for ``m`` rows of a ``weight_rows`` x ``k`` weight (a gated weight's rows: both
-    halves; ``k`` as prepacked, a multiple of 128), from the H100 sweep (benchmarks/probes/fused_configs.py, results/fused_configs_h100.json): up to 64 rows
-    tiles of 64 rows and 64 weight rows (four warps; 128 weight rows on weights of K >= 8192 and >= 16384 rows:
+    halves; ``k`` as prepacked, a multiple of 128), from the H100 sweeps (benchmarks/probes/fused_configs.py,
+    results/fused_configs_h100.json and fused_configs_split_h100.json): up to 64 rows tiles of 64 rows and 64
+    weight rows (four warps; 128 weight rows on weights of K >= 8192 and >= 16384 rows:
     28672x8192 at 48 rows 110 against 160 us), K split in 2 or 4 where the weight has at most FUSED_FEW_TILES tiles
     (4096x14336 at 64 rows, 64 tiles: 39.1 us in 4 slices, 58.5 in 2, 99.5 in one; bf16 46.1); up to 128 rows
     128 x 128 (eight warps) on weights of >= 14336 rows and K < 12288, else 64 x 64 (4096x14336 at 128 rows: 100
