@@ -127,10 +127,17 @@ hybrid)
     done
     ;;
 serve)
-    # a machine without a registry: the serve extra's wheels carried in .whl/ (pip download --no-deps for its Python)
-    if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -2; fi
-    (cd benchmarks/runners && timeout 300 python3 serve_gpu.py --tokenizer "${TOKENIZER:?a tokenizer directory}" \
-        --bench ${COMMIT:+--commit $COMMIT} --out "$OUT/serve_gpu.json" 2>&1 | tail -16)
+    # a machine without a registry: the serve extra's wheels carried in .whl/ (pip download --no-deps for its Python:
+    # fastapi, starlette, uvicorn, pydantic, pydantic-core, annotated-types, typing-inspection, and opentelemetry-api
+    # for fastapi 0.165), installed beside the image's packages; MAX_TOKENS: each reply's length (default 128)
+    if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/serve-site .whl/*.whl 2>&1 | tail -2
+        export PYTHONPATH="/tmp/serve-site:$PYTHONPATH"
+    fi
+    tokenizer="$(realpath "${TOKENIZER:?a tokenizer directory}")"
+    (cd benchmarks/runners && timeout 300 python3 serve_gpu.py --tokenizer "$tokenizer" \
+        --max-tokens "${MAX_TOKENS:-128}" --bench ${COMMIT:+--commit $COMMIT} --out "$OUT/serve_gpu.json" 2>&1 \
+        | tail -16)
     ;;
 early)
     timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider tests/runtime/test_cuda_graph.py \
