@@ -1,6 +1,7 @@
 """Where a left-padded batch's prefill spends its time (what a batched server waits for before its first token):
 the prefill of ``--lengths`` prompts as one batch (``generate``'s layout and cache slots) and of each prompt alone,
-one after another, in each prefill mode (``ANYFP4_PREFILL``: chunked, cublas, fused), wall time median of three
+one after another, in each prefill mode (``ANYFP4_PREFILL``: chunked — graphed steps, as ``generate`` runs it —
+chunked in one forward, cublas, fused), wall time median of three
 after a warm-up; then a torch.profiler run of the batch in the first mode: CUDA time by kernel, and the share of the
 wall time the GPU was busy.
 
@@ -22,18 +23,29 @@ from collections import defaultdict
 import torch
 
 from anyfp4.bench.random_model import random_model
-from anyfp4.runtime.generate import cache_slots, left_padded
+from anyfp4.runtime.generate import cache_slots, decode_step, left_padded
+from anyfp4.runtime.prompt import prompt_step_tokens, run_prompt
 
 SERVE_LENGTHS = [35, 39, 42, 47, 50, 37, 39, 42, 47, 51, 35, 38, 43, 47, 50, 35]
 
 
+AT_ONCE = "-at-once"  # a mode's name with this suffix: the prompt in one forward even where generate takes steps
+
+
 def prefill(model, prompts) -> None:
-    """One left-padded prefill of ``prompts`` (the head on the last position), as ``generate`` runs it."""
+    """One left-padded prefill of ``prompts`` (the head on the last position), as ``generate`` runs it (in the
+    mode ``ANYFP4_PREFILL`` says; ``PREFILL_AT_ONCE`` set: one forward)."""
     dev, longest = model.device, max(len(p) for p in prompts)
     slots = cache_slots(model, longest, 128)
     model.setup_caches(len(prompts), slots)
     tokens, valid, rope, padded = left_padded(prompts, slots, dev)
-    model(tokens, torch.arange(longest, device=dev), rope if padded else None, valid if padded else None, last=True)
+    steps = None if os.environ.get("PREFILL_AT_ONCE") else prompt_step_tokens(model, len(prompts))
+    run_prompt(model, tokens, decode_step(model), steps, rope if padded else None, valid if padded else None)
+
+
+def use_mode(mode: str) -> None:
+    os.environ["ANYFP4_PREFILL"] = mode.removesuffix(AT_ONCE)
+    os.environ["PREFILL_AT_ONCE"] = "1" if mode.endswith(AT_ONCE) else ""
 
 
 def timed(fn, reps: int = 3) -> float:
@@ -74,7 +86,7 @@ def host_profile(model, prompts, mode: str) -> None:
     import cProfile
     import pstats
 
-    os.environ["ANYFP4_PREFILL"] = mode
+    use_mode(mode)
     with torch.no_grad():
         prefill(model, prompts)
         torch.cuda.synchronize()
@@ -93,7 +105,9 @@ def main() -> None:
     ap.add_argument("--arch", default="llama-3.1-8b")
     ap.add_argument("--format", default="nvfp4")
     ap.add_argument("--lengths", type=int, nargs="+", default=SERVE_LENGTHS)
-    ap.add_argument("--modes", nargs="+", default=["chunked", "cublas", "fused"])
+    ap.add_argument("--modes", nargs="+", default=["chunked", "chunked" + AT_ONCE, "cublas", "fused"],
+                    help=f"ANYFP4_PREFILL values; with {AT_ONCE!r}, the prompt in one forward where generate "
+                         "would run it in steps")
     ap.add_argument("--out", default="batch_prefill.json")
     ap.add_argument("--host-profile", action="store_true",
                     help="only cProfile one prompt's prefill in the first mode (the host's share): top functions")
@@ -108,12 +122,12 @@ def main() -> None:
         return
     with torch.no_grad():
         for mode in args.modes:
-            os.environ["ANYFP4_PREFILL"] = mode
+            use_mode(mode)
             batch = timed(lambda: prefill(model, prompts))
             alone = timed(lambda: [prefill(model, [p]) for p in prompts])
             report["modes"][mode] = {"batch_ms": batch * 1e3, "each_alone_ms": alone * 1e3}
             print(mode, json.dumps(report["modes"][mode]), flush=True)
-        os.environ["ANYFP4_PREFILL"] = args.modes[0]
+        use_mode(args.modes[0])
         report["profile_batch"] = profiled(model, prompts)
         report["profile_one"] = profiled(model, prompts[-1:])
     for name in ("profile_batch", "profile_one"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -53,6 +54,7 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
     decoding; the prompt then repeats a 16-token random chunk, so that prompt lookup finds something (batch 1
     only)."""
     from ..runtime.generate import decode_step
+    from ..runtime.prompt import prompt_step_tokens, run_prompt
 
     device = model.device
     step_fn = decode_step(model, compile_decode)
@@ -66,7 +68,8 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
 
     model.setup_caches(batch, cache_slots(model, prompt_len, gen_len))
     model(prompt[:, :8], torch.arange(8, device=device))  # warm-up: kernels compiled, caches touched
-    model(prompt, torch.arange(prompt_len, device=device), last=True)  # and the prefill path's (timed below)
+    prefill = partial(run_prompt, model, prompt, decode_step(model), prompt_step_tokens(model, batch))
+    prefill()  # and the prefill path's (timed below)
     for i in range(3):  # compiles / captures the decode step when asked to; inputs built like the real ones
         tok = torch.empty(batch, dtype=torch.long, device=device).copy_(prompt[:, i])  # same strides as argmax
         step_fn(tok[:, None], torch.tensor([8 + i], device=device))
@@ -79,7 +82,7 @@ def bench_model(model: Transformer, prompt_len: int, gen_len: int, batch: int, s
         model.setup_caches(batch, cache_slots(model, prompt_len, gen_len))
         sync(device)
         t0 = time.perf_counter()
-        logits = model(prompt, torch.arange(prompt_len, device=device), last=True)
+        logits = prefill()
         sync(device)
         prefill_times.append(time.perf_counter() - t0)
     t_prefill = statistics.median(prefill_times)

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from .model import Transformer
+from .prompt import prompt_step_tokens, run_prompt
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,9 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
     ``on_tokens`` receives each step's tokens (one per row) as they are produced, while the next step runs on a
     GPU; an exception it raises ends the generation there and propagates (how a caller stops early: a cancelled
     request, a stop string).
-    Decode steps run through ``decode_step`` (a CUDA graph on GPUs; torch.compile with ``compile_decode``)."""
+    The prompt runs as ``prompt.run_prompt`` runs it (one forward; with ``ANYFP4_PREFILL=chunked`` on a GPU, graphed
+    steps of a few tokens per row). Decode steps run through ``decode_step`` (a CUDA graph on GPUs; torch.compile
+    with ``compile_decode``)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     device = model.device
@@ -189,8 +192,8 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], params: Sampl
     generator = None
     if params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
-    logits = model(tokens, torch.arange(longest, device=device), rope if padded else None,
-                   valid if padded else None, last=True)
+    logits = run_prompt(model, tokens, decode_step(model), prompt_step_tokens(model, b), rope if padded else None,
+                        valid if padded else None)
     if not bool(torch.isfinite(logits[:, -1]).all()):  # once per call: NaN logits would decode to silence
         raise ValueError("the model's logits after the prompt are NaN or Inf: its weights overflow the "
                          f"activation dtype ({model.dtype}); try --dtype fp32 or check the checkpoint")

@@ -25,6 +25,7 @@ from .generate import MAX_DRAFT_TOKENS, SamplingParams, cache_slots, check_conte
 from .config import LINEAR_ATTENTION
 from .model import Transformer
 from .mtp import MTPDrafter, MTPHead
+from .prompt import prompt_step_tokens, run_prompt
 
 
 def accept_or_resample(p: torch.Tensor, draft: int, generator: torch.Generator | None) -> tuple[bool, int]:
@@ -156,8 +157,8 @@ def generate_speculative(model: Transformer, prompt: Sequence[int], params: Samp
         generator = torch.Generator(device=device).manual_seed(params.seed)
     # the MTP head reads the model's final-norm outputs too
     verify = partial(decode_step(model), hidden=heads is not None)
-    logits = model(torch.tensor([list(prompt)], device=device), torch.arange(len(prompt), device=device),
-                   hidden=heads is not None, last=True)
+    logits = run_prompt(model, torch.tensor([list(prompt)], device=device), decode_step(model),
+                        prompt_step_tokens(model, 1), hidden=heads is not None)
     if heads is not None:
         logits, hidden = logits
     out = [int(sample(logits[:, -1], params, generator))]
