@@ -3,9 +3,9 @@
 kernel launches from Python.
 
 ``GraphedDecodeStep(model)`` is called like the model for steps of a few tokens, ``(tokens (b, t),
-input_pos (t,), rope_pos (b, t) | None, key_valid (b, S) | None, hidden=False) -> logits`` (with ``hidden``,
-also the final norm's output, as the model returns them), t <= 32 (t = 1: decode; t = k + 1: a speculative
-verify pass). ``GraphedHeadStep(head, model)`` is called like the head, ``(tokens (1, t), hidden (1, t, H),
+input_pos (t,), rope_pos (b, t) | None, key_valid (b, S) | None, hidden=False, last=False) -> logits`` (with
+``hidden``, also the final norm's output; with ``last``, the last position's logits only; as the model returns
+them), t <= 32 (t = 1: decode; t = k + 1: a speculative verify pass; a prompt's steps, ``prompt.run_prompt``). ``GraphedHeadStep(head, model)`` is called like the head, ``(tokens (1, t), hidden (1, t, H),
 input_pos (t,)) -> (logits, output)``; more than 32 tokens (the prompt) run eagerly.
 
 The first call for a shape / padding mode captures a graph (after two warm-up runs on a side stream, which
@@ -95,13 +95,13 @@ class GraphedDecodeStep:
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, input_pos: torch.Tensor, rope_pos: torch.Tensor | None = None,
-                 key_valid: torch.Tensor | None = None, hidden: bool = False):
+                 key_valid: torch.Tensor | None = None, hidden: bool = False, last: bool = False):
         if tokens.shape[1] > DECODE_ROWS:
             raise ValueError(f"a graphed step takes at most {DECODE_ROWS} tokens per row, got {tokens.shape[1]}")
         key = (tuple(tokens.shape), rope_pos is not None, key_valid is not None,
-               None if key_valid is None else tuple(key_valid.shape), hidden)
+               None if key_valid is None else tuple(key_valid.shape), hidden, last)
         return self._graphs.replay(key, [tokens, input_pos, rope_pos, key_valid],
-                                   lambda *s: self.model(*s, hidden=hidden), self._caches(),
+                                   lambda *s: self.model(*s, hidden=hidden, last=last), self._caches(),
                                    self.model.advancing_states())
 
 

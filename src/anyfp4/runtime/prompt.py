@@ -46,7 +46,8 @@ def run_prompt(model: Transformer, tokens: torch.Tensor, step: Callable, step_to
     """tokens (b, T) into cache slots 0..T-1 -> the last position's logits (b, 1, vocab) float32; with ``hidden``,
     (logits, the final norm's output at every position (b, T, hidden_size)). ``rope_pos`` / ``key_valid``: a
     left-padded batch's, as ``Transformer.forward`` takes them. ``step_tokens`` None: one forward of the model;
-    else steps of that many tokens per row through ``step`` (called like the model, ``hidden`` by keyword)."""
+    else steps of that many tokens per row through ``step`` (called like the model, ``hidden`` and ``last`` by
+    keyword; the head runs on each step's last position only: its rows' bits do not depend on their count)."""
     b, total = tokens.shape
     device = tokens.device
     if step_tokens is None:
@@ -54,9 +55,9 @@ def run_prompt(model: Transformer, tokens: torch.Tensor, step: Callable, step_to
     finals = []
     for start, end in step_bounds(total, step_tokens):
         out = step(tokens[:, start:end], torch.arange(start, end, device=device),
-                   None if rope_pos is None else rope_pos[:, start:end], key_valid, hidden=hidden)
+                   None if rope_pos is None else rope_pos[:, start:end], key_valid, hidden=hidden, last=True)
         logits, final = out if hidden else (out, None)
         if hidden:  # a captured step's outputs are overwritten by its next replay
             finals.append(final.clone())
-    last = logits[:, -1:].clone()
-    return (last, torch.cat(finals, dim=1)) if hidden else last
+    logits = logits.clone()
+    return (logits, torch.cat(finals, dim=1)) if hidden else logits
