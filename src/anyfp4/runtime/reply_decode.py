@@ -19,6 +19,11 @@ CLEANUP_PROBE = "a . b"
 INCOMPLETE = "\ufffd"  # a character whose remaining bytes are still to come (a whole decode's placeholder)
 
 
+def whole_text(tokenizer, tokens: list[int], skip_ids) -> str:
+    """The reply's text decoded whole: ``skip_ids`` (stop tokens) dropped, special tokens skipped."""
+    return tokenizer.decode([t for t in tokens if t not in skip_ids], skip_special_tokens=True)
+
+
 def cleans_up(tokenizer, backend) -> bool:
     """Whether ``tokenizer.decode`` changes the backend's text of a probe the clean-up would change."""
     ids = backend.encode(CLEANUP_PROBE, add_special_tokens=False).ids
@@ -62,7 +67,7 @@ class ReplyDecoder:
 
     def text(self, tokens: list[int]) -> str:
         if self._backend is None:
-            return self.tokenizer.decode([t for t in tokens if t not in self.skip_ids], skip_special_tokens=True)
+            return whole_text(self.tokenizer, tokens, self.skip_ids)
         if len(tokens) < self._fed:
             raise ValueError("ReplyDecoder.text: the token list only grows between calls")
         for token in tokens[self._fed:]:  # one id a step: older tokenizers' DecodeStream takes no lists

@@ -19,7 +19,7 @@ from .model import Transformer
 from .mtp import MTPHead
 from .plan import ModelPlan, plan_checkpoint
 from .rate_line import RateLine
-from .reply_decode import ReplyDecoder, settled_length
+from .reply_decode import ReplyDecoder, settled_length, whole_text
 
 GENERATION_CONFIG = "generation_config.json"
 
@@ -153,7 +153,7 @@ class Session:
 
     def reply_text(self, tokens: list[int], params: SamplingParams) -> str:
         """The text of generated ``tokens``: stop tokens dropped, special tokens skipped."""
-        return self.tokenizer.decode([t for t in tokens if t not in params.stop_token_ids], skip_special_tokens=True)
+        return whole_text(self.tokenizer, tokens, params.stop_token_ids)
 
     def reply_decoder(self, params: SamplingParams) -> ReplyDecoder:
         """``reply_text`` of a growing token list, token by token (its ``text(tokens)``)."""
