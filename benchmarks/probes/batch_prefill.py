@@ -30,22 +30,24 @@ SERVE_LENGTHS = [35, 39, 42, 47, 50, 37, 39, 42, 47, 51, 35, 38, 43, 47, 50, 35]
 
 
 AT_ONCE = "-at-once"  # a mode's name with this suffix: the prompt in one forward even where generate takes steps
+at_once = False  # the mode being timed has the suffix
 
 
 def prefill(model, prompts) -> None:
     """One left-padded prefill of ``prompts`` (the head on the last position), as ``generate`` runs it (in the
-    mode ``ANYFP4_PREFILL`` says; ``PREFILL_AT_ONCE`` set: one forward)."""
+    mode ``ANYFP4_PREFILL`` says; ``at_once``: one forward)."""
     dev, longest = model.device, max(len(p) for p in prompts)
     slots = cache_slots(model, longest, 128)
     model.setup_caches(len(prompts), slots)
     tokens, valid, rope, padded = left_padded(prompts, slots, dev)
-    steps = None if os.environ.get("PREFILL_AT_ONCE") else prompt_step_tokens(model, len(prompts))
+    steps = None if at_once else prompt_step_tokens(model, len(prompts))
     run_prompt(model, tokens, decode_step(model), steps, rope if padded else None, valid if padded else None)
 
 
 def use_mode(mode: str) -> None:
+    global at_once
     os.environ["ANYFP4_PREFILL"] = mode.removesuffix(AT_ONCE)
-    os.environ["PREFILL_AT_ONCE"] = "1" if mode.endswith(AT_ONCE) else ""
+    at_once = mode.endswith(AT_ONCE)
 
 
 def timed(fn, reps: int = 3) -> float:
