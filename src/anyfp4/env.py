@@ -78,8 +78,8 @@ def prefill_mode() -> str:
     ``chunked``: the decode kernels, 32 rows at a time (sm_80+), and float layers of at most 256 outputs through
     their decode GEMV, and the runner's prompts as captured decode steps of 32 // rows tokens per row
     (``runtime.prompt``) — slower for long prompts, but a row's bits then depend neither on the prompt's length nor
-    on the other prompts of a batch nor, with two tensor-parallel ranks, on the split over GPUs; ``fused`` (NVFP4): one Triton GEMM decoding the weight
-    tiles in registers, no dense copy of the weight. Read inside the op."""
+    on the other prompts of a batch nor, with two tensor-parallel ranks, on the split over GPUs; ``fused`` (NVFP4):
+    one Triton GEMM decoding the weight tiles in registers, no dense copy of the weight. Read inside the op."""
     return _choice("ANYFP4_PREFILL", PREFILL_MODES, "auto")
 
 

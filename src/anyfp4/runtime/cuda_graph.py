@@ -5,8 +5,9 @@ kernel launches from Python.
 ``GraphedDecodeStep(model)`` is called like the model for steps of a few tokens, ``(tokens (b, t),
 input_pos (t,), rope_pos (b, t) | None, key_valid (b, S) | None, hidden=False, last=False) -> logits`` (with
 ``hidden``, also the final norm's output; with ``last``, the last position's logits only; as the model returns
-them), t <= 32 (t = 1: decode; t = k + 1: a speculative verify pass; a prompt's steps, ``prompt.run_prompt``). ``GraphedHeadStep(head, model)`` is called like the head, ``(tokens (1, t), hidden (1, t, H),
-input_pos (t,)) -> (logits, output)``; more than 32 tokens (the prompt) run eagerly.
+them), t <= 32 (t = 1: decode; t = k + 1: a speculative verify pass; a prompt's steps, ``prompt.run_prompt``).
+``GraphedHeadStep(head, model)`` is called like the head, ``(tokens (1, t), hidden (1, t, H), input_pos (t,)) ->
+(logits, output)``; more than 32 tokens (the prompt) run eagerly.
 
 The first call for a shape / padding mode captures a graph (after two warm-up runs on a side stream, which
 write the same cache slots the real step writes; recurrent states, which a run advances, are put back as they
