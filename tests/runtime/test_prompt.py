@@ -14,6 +14,7 @@ from anyfp4.runtime.loader import load_model
 from anyfp4.runtime.prompt import prompt_step_tokens, run_prompt, step_bounds
 from helpers import TINY_LLAMA, save_random_qwen3_5, tiny_qwen3_5_config, write_float_checkpoint
 
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     root = tmp_path_factory.mktemp("prompt")
