@@ -48,7 +48,7 @@ def run_prompt(model: Transformer, tokens: torch.Tensor, step: Callable, step_to
     left-padded batch's, as ``Transformer.forward`` takes them. ``step_tokens`` None: one forward of the model;
     else steps of that many tokens per row through ``step`` (called like the model, ``hidden`` and ``last`` by
     keyword; the head runs on each step's last position only: its rows' bits do not depend on their count)."""
-    b, total = tokens.shape
+    total = tokens.shape[1]
     device = tokens.device
     if step_tokens is None:
         return model(tokens, torch.arange(total, device=device), rope_pos, key_valid, hidden=hidden, last=True)
