@@ -5,7 +5,7 @@ import torch
 
 from anyfp4.runtime.generate import SamplingParams, decode_step, generate
 from anyfp4.bench.random_model import random_model
-from helpers import graphed_against_eager
+from helpers import graphed_against_eager, prompt_rows
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -68,37 +68,25 @@ def test_a_left_padded_batch_gives_each_prompts_text_alone(fmt, monkeypatch):
     assert generate(model, prompts, params) == [generate(model, [p], params)[0] for p in prompts]
 
 
-def _prompt_rows(model, prompts, step):
-    """Each row's last logits and final-norm outputs at its own positions after its left-padded prompt, run in
-    steps of ``prompt_step_tokens`` through ``step`` (generate's layout)."""
-    from anyfp4.runtime.generate import cache_slots, left_padded
-    from anyfp4.runtime.prompt import prompt_step_tokens, run_prompt
-
-    longest = max(len(p) for p in prompts)
-    slots = cache_slots(model, longest, 8)
-    model.setup_caches(len(prompts), slots)
-    tokens, valid, rope, padded = left_padded(prompts, slots, model.device)
-    logits, hidden = run_prompt(model, tokens, step, prompt_step_tokens(model, len(prompts)),
-                                rope if padded else None, valid if padded else None, hidden=True)
-    return [(logits[i].clone(), hidden[i, longest - len(p):].clone()) for i, p in enumerate(prompts)]
-
-
 @gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 def test_prompt_rows_in_graphed_steps_are_computed_as_alone(fmt, monkeypatch):
     """``ANYFP4_PREFILL=chunked``'s prompt (``runtime.prompt``): a left-padded batch of five in graphed steps of
     6 tokens per row gives each row the last logits and final-norm outputs of its prompt alone in steps of 32, bit
     for bit, and the graphed steps give the bits of the same steps run eagerly."""
+    from anyfp4.runtime.prompt import prompt_step_tokens
+
     monkeypatch.setenv("ANYFP4_PREFILL", "chunked")
     model = random_model("smollm2-135m", fmt, torch.device("cuda"), torch.bfloat16, progress=False)
     gen = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, model.args.vocab_size, (n,), generator=gen).tolist() for n in (150, 40, 9, 83, 1)]
-    batch = _prompt_rows(model, prompts, decode_step(model))
-    assert all(torch.isfinite(h).all() and h.abs().amax() > 0 for _, h in batch)
+    steps = prompt_step_tokens(model, len(prompts))
+    batch = prompt_rows(model, prompts, decode_step(model), steps)
+    assert steps == 6 and all(torch.isfinite(h).all() and h.abs().amax() > 0 for _, h in batch)
     for (logits, hidden), p in zip(batch, prompts):
-        ((alone_logits, alone_hidden),) = _prompt_rows(model, [p], decode_step(model))
+        ((alone_logits, alone_hidden),) = prompt_rows(model, [p], decode_step(model), prompt_step_tokens(model, 1))
         assert torch.equal(logits, alone_logits) and torch.equal(hidden, alone_hidden), len(p)
-    eager = _prompt_rows(model, prompts, model)
+    eager = prompt_rows(model, prompts, model, steps)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batch, eager))
 
 

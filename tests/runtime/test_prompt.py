@@ -9,10 +9,10 @@ import torch
 
 from anyfp4.checkpoint.writer import QuantizeOptions, TargetFormat, quantize_checkpoint
 from anyfp4.runtime import generate as generate_module
-from anyfp4.runtime.generate import SamplingParams, generate, left_padded
+from anyfp4.runtime.generate import SamplingParams, generate
 from anyfp4.runtime.loader import load_model
-from anyfp4.runtime.prompt import prompt_step_tokens, run_prompt, step_bounds
-from helpers import TINY_LLAMA, save_random_qwen3_5, tiny_qwen3_5_config, write_float_checkpoint
+from anyfp4.runtime.prompt import prompt_step_tokens, step_bounds
+from helpers import TINY_LLAMA, prompt_rows, save_random_qwen3_5, tiny_qwen3_5_config, write_float_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -56,19 +56,6 @@ def test_steps_only_on_a_gpu_with_chunked_prefill(monkeypatch):
         assert prompt_step_tokens(gpu, 1) is None
 
 
-def _prompt_outputs(model, prompts, step_tokens):
-    """Each row's last logits and final-norm output at its own positions after a left-padded prompt run in steps
-    (None: at once)."""
-    longest = max(len(p) for p in prompts)
-    slots = longest + 8
-    model.setup_caches(len(prompts), slots)
-    tokens, valid, rope, padded = left_padded(prompts, slots, model.device)
-    logits, hidden = run_prompt(model, tokens, model, step_tokens, rope if padded else None,
-                                valid if padded else None, hidden=True)
-    assert logits.shape == (len(prompts), 1, model.args.vocab_size) and hidden.shape[:2] == tokens.shape
-    return [(logits[i], hidden[i, longest - len(p):]) for i, p in enumerate(prompts)]
-
-
 @pytest.mark.parametrize("which", ["llama", "hybrid"])
 def test_a_prompt_in_steps_computes_what_one_forward_computes(which, request):
     """Logits and every position's final-norm output of a left-padded batch run in steps of 1, 3 and 8 tokens per
@@ -79,9 +66,9 @@ def test_a_prompt_in_steps_computes_what_one_forward_computes(which, request):
     model = request.getfixturevalue(which)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (45, 9, 30)]
-    whole = _prompt_outputs(model, prompts, None)
+    whole = prompt_rows(model, prompts, model, None)
     for step in (1, 3, 8):
-        for (a_logits, a_hidden), (b_logits, b_hidden) in zip(whole, _prompt_outputs(model, prompts, step)):
+        for (a_logits, a_hidden), (b_logits, b_hidden) in zip(whole, prompt_rows(model, prompts, model, step)):
             assert torch.isfinite(b_hidden).all()
             torch.testing.assert_close(b_logits, a_logits, rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(b_hidden, a_hidden, rtol=1e-4, atol=1e-4)

@@ -433,6 +433,23 @@ def copy_expert_weights(state_dict: dict, name: str, weight: torch.Tensor) -> bo
     return True
 
 
+def prompt_rows(model, prompts, step, step_tokens):
+    """Each row's last logits and final-norm outputs at its own positions after its left-padded prompt, laid out as
+    ``generate`` lays it out and run by ``runtime.prompt.run_prompt`` through ``step`` in steps of ``step_tokens``
+    tokens per row (None: one forward)."""
+    from anyfp4.runtime.generate import cache_slots, left_padded
+    from anyfp4.runtime.prompt import run_prompt
+
+    longest = max(len(p) for p in prompts)
+    slots = cache_slots(model, longest, 8)
+    model.setup_caches(len(prompts), slots)
+    tokens, valid, rope, padded = left_padded(prompts, slots, model.device)
+    logits, hidden = run_prompt(model, tokens, step, step_tokens, rope if padded else None,
+                                valid if padded else None, hidden=True)
+    assert logits.shape == (len(prompts), 1, model.args.vocab_size) and hidden.shape[:2] == tokens.shape
+    return [(logits[i].clone(), hidden[i, longest - len(p):].clone()) for i, p in enumerate(prompts)]
+
+
 def padded_steps(model, prompts, steps):
     """Each row's logits and final-norm output (what the head reads) after its prompt and after each of ``steps``
     greedy tokens, in one left-padded batch laid out as ``generate`` lays it out."""
