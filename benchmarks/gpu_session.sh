@@ -27,6 +27,8 @@
 #                                            # then a short prompt's prefill profiled (probes/prefill_profile.py)
 #   bash benchmarks/gpu_session.sh chain     # a dependent kernel chain's floor, and the decode kernel's chain with
 #                                            # parts of its source cut out (probes/chain_floor.py, chain_anatomy.py)
+#   bash benchmarks/gpu_session.sh counters  # Nsight Compute on the decode kernel at M = 1 (probes/kernel_counters.py):
+#                                            # NVFP4 and FP8 of large shapes, pipes, stalls, occupancy, DRAM
 # Each step has its own time limit so one slow step cannot eat the whole lease.
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
@@ -183,6 +185,25 @@ moe)
     grep -A16 "==" "$OUT/step_profile_moe.log" | cut -c1-120
     SUFFIX= moe_bench 16 --format nvfp4 --compare bf16
     SUFFIX=_fp8 moe_bench 1 --format fp8
+    ;;
+counters)
+    # one profiled launch per shape (ncu replays it per section: caches flushed, clocks left alone), then its
+    # time over graph replays of rotated copies; the full reports in $OUT/ncu_*.txt
+    # SPECS: "format NxK [probe arguments: --gated, --m M]" entries separated by ';'
+    IFS=';' read -ra specs <<< "${SPECS:-nvfp4 28672x8192;fp8 28672x8192;nvfp4 28672x8192 --m 32;nvfp4 17408x5120 --gated}"
+    for spec in "${specs[@]}"; do
+        set -- $spec; name="ncu_$(echo "$spec" | tr -c 'a-z0-9x\n' '_' | tr -s '_')"
+        timeout 120 ncu --clock-control none --kernel-name anyfp4_weight_mma --launch-skip 2 --launch-count 1 \
+            --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
+            --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
+            --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active" \
+            python3 benchmarks/probes/kernel_counters.py --format $1 --shape $2 "${@:3}" > "$OUT/$name.txt" 2>&1
+        echo "== $spec"; grep -E "^ +(Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Executed Ipc A|Issue Slots Busy|\
+Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit Reg|Grid Size|Block Size|Waves Per SM|\
+One or More Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued)" "$OUT/$name.txt" | sed 's/  */ /g'
+        grep -E "stalled_.*ratio|pipe_.*pct" "$OUT/$name.txt" | awk '$NF+0 > 0.05' | sed 's/  */ /g' | sort -k3 -n -r | head -14
+        timeout 60 python3 benchmarks/probes/kernel_counters.py --format $1 --shape $2 "${@:3}" --time 2>&1 | tail -1
+    done
     ;;
 prefill)
     # each prefill mode against bf16 per shape and M (H100, 2026-12-06: ~100 s), then whole prompts (bench times each
