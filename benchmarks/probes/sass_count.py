@@ -9,7 +9,7 @@ issues where every step carries its own loads and control, as before the loop ov
 kernel is issue-bound, so these track its speed (benchmarks/NOTES.md).
 
     PYTHONPATH=src python benchmarks/probes/sass_count.py [--fp8] [--fp16] [--depth 4] [--warps 8] [--nt 1]
-                                                         [--mt 1] [--gated] [--cuobjdump PATH]
+                                                         [--mt 1] [--kw 1] [--gated] [--cuobjdump PATH]
 
 It also prints the variant's registers per thread and its local-memory (spill) instructions.
 
@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 
 from anyfp4.kernels.cuda import nvrtc, weight_mma
+from anyfp4.kernels.cuda.weight_mma_defines import source_defines
 
 
 def window_counts(sass: str, mmas_per_step: int) -> tuple[int, collections.Counter]:
@@ -79,13 +80,15 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=8)
     ap.add_argument("--nt", type=int, default=1, help="n8 tiles of activation rows (1: M <= 8, 2: <= 16, 4: <= 32)")
     ap.add_argument("--mt", type=int, default=1, help="m16 tiles of weight rows per warp")
+    ap.add_argument("--kw", type=int, default=1, help="warps along K per row tile")
     ap.add_argument("--gated", action="store_true")
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
     args = ap.parse_args()
     if not args.cuobjdump:
         raise SystemExit("cuobjdump not found: pass --cuobjdump (see the docstring)")
-    defines = dict(EARLY=1, SPLIT=1, OUT_F32=0, FP8=int(args.fp8), NT=args.nt, MT=args.mt, WARPS=args.warps,
-                   DEPTH=args.depth, BF16=int(not args.fp16), GATED=int(args.gated), HAS_BIAS=0, VEC_X=1)
+    defines = dict(source_defines("fp8" if args.fp8 else "nvfp4", "fp16" if args.fp16 else "bf16"),
+                   **weight_mma.arch_defines(90), EARLY=1, SPLIT=1, OUT_F32=0, FP8=int(args.fp8), NT=args.nt, MT=args.mt, WARPS=args.warps,
+                   KW=args.kw, DEPTH=args.depth, BF16=int(not args.fp16), GATED=int(args.gated), HAS_BIAS=0, VEC_X=1)
     cubin = nvrtc.compile_cubin(weight_mma._source(), weight_mma.KERNEL, 90, defines)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
