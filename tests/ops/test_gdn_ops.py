@@ -61,6 +61,27 @@ def step_args(t=3, gen_seed=42):
                 k_heads=hk, valid=None, snapshots=None)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_with_a_projection_op(bias):
+    """causal_conv_proj: the convolution's outputs and state as causal_conv gives them, and the projection of h as
+    its definition (F.linear in float32, rounded); a one-line error for a projection that does not fit."""
+    gen = torch.Generator().manual_seed(43)
+    x, w = torch.randn(2, 3, 6, generator=gen).bfloat16(), torch.randn(6, 4, generator=gen).bfloat16()
+    state = torch.randn(2, 6, 3, generator=gen).bfloat16()
+    h, pw = torch.randn(2, 3, 40, generator=gen).bfloat16(), torch.randn(10, 40, generator=gen).bfloat16()
+    pb = torch.randn(10, generator=gen).bfloat16() if bias else None
+    torch.library.opcheck(torch.ops.anyfp4.causal_conv_proj, (x, w, state.clone(), None, h, pw, pb))
+    s1, s2 = state.clone(), state.clone()
+    y, p = torch.ops.anyfp4.causal_conv_proj(x, w, s1, None, h, pw, pb)
+    assert torch.equal(y, torch.ops.anyfp4.causal_conv(x, w, s2, None)) and torch.equal(s1, s2)
+    want = F.linear(h.float(), pw.float(), None if pb is None else pb.float()).bfloat16()
+    assert p.shape == (2, 3, 10) and torch.equal(p, want)
+    with pytest.raises(ValueError, match="causal_conv_proj: h .* disagree"):
+        torch.ops.anyfp4.causal_conv_proj(x, w, state, None, h, pw[:, :39], pb)
+    with pytest.raises(ValueError, match="causal_conv: x .* disagree"):
+        torch.ops.anyfp4.causal_conv_proj(x, w[:5], state, None, h, pw, pb)
+
+
 def test_gated_delta_step_op_keeps_snapshots():
     """The op over t tokens with snapshots: opcheck, the last snapshot is the final state, each snapshot is the
     state a run over that prefix leaves, and snapshots too small for the step are refused by name."""

@@ -57,6 +57,31 @@ def test_early_launches_change_no_bit_of_a_step(hybrid, monkeypatch):
     assert torch.equal(eager, graph)
 
 
+def test_b_a_in_the_convolutions_launch_change_no_bit(hybrid, monkeypatch):
+    """The float b / a projections computed in the convolution's launch (ops.causal_conv_proj) give the logits of
+    their own GEMV launch, step after step."""
+    from anyfp4.runtime.gated_deltanet import GatedDeltaNet
+
+    model, _ = hybrid
+    mixers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
+    one_row = torch.zeros(1, 1, model.args.hidden_size, device=CUDA, dtype=torch.bfloat16)
+    assert mixers and all(m.b_a_in_conv(one_row) for m in mixers)  # the checkpoint's b / a stay bf16
+    prompt = torch.randint(0, model.args.vocab_size, (2, 12), device=CUDA,
+                           generator=torch.Generator(device=CUDA).manual_seed(3))
+    results = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(GatedDeltaNet, "b_a_in_conv", lambda self, x: False)
+        model.setup_caches(2, 32)
+        logits = model(prompt, torch.arange(12, device=CUDA))
+        outs = [logits[:, -1].clone()]
+        for i in range(4):
+            logits = model(outs[-1].argmax(-1)[:, None], torch.tensor([12 + i], device=CUDA))
+            outs.append(logits[:, -1].clone())
+        results.append(torch.stack(outs))
+    assert torch.isfinite(results[0]).all() and torch.equal(results[0], results[1])
+
+
 def test_a_verify_pass_gives_the_bits_of_decode_steps(hybrid):
     """Speculation's greedy text holds only if a row of a 6-row pass is computed as a one-row step is."""
     model, _ = hybrid

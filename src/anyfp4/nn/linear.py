@@ -114,10 +114,16 @@ class DenseLinear(nn.Module):
         self.register_buffer("weight", weight.to(device=device, dtype=dtype))
         self.register_buffer("bias", bias.to(device=device, dtype=dtype) if bias is not None else None)
 
+    def takes_gemv(self, x: torch.Tensor) -> bool:
+        """Whether a call on ``x`` runs the Triton GEMV (``dense_gemv``), whose rows another launch may compute in
+        its place with the same bits (``ops.causal_conv_proj``)."""
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        return x.is_cuda and 0 < rows and self.weight.shape[0] <= SMALL_DENSE_OUTPUTS and (
+            rows <= DECODE_ROWS or _chunked_prefill())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if x.is_cuda and 0 < rows and self.weight.shape[0] <= SMALL_DENSE_OUTPUTS and (
-                rows <= DECODE_ROWS or _chunked_prefill()):
+        if self.takes_gemv(x):
             from ..kernels.triton.dense_gemv import dense_gemv
 
             return dense_gemv(x, self.weight, self.bias)

@@ -1,5 +1,6 @@
 """The Gated DeltaNet ops of Qwen3.5-style hybrids, with their fakes: ``causal_conv`` (the depthwise causal
-convolution over a rolling state) and ``gated_delta_step`` (the gates, the delta rule and the gated RMSNorm), each
+convolution over a rolling state; ``causal_conv_proj``: the same and a small float projection of the layer's input
+in one launch) and ``gated_delta_step`` (the gates, the delta rule and the gated RMSNorm), each
 with optional snapshots of its state after every token; and the pieces ``gated_delta`` (the delta rule alone) and
 ``gated_rms_norm``. On CUDA the first two run the Triton kernels of ``kernels.gdn.step`` for steps of up to
 DECODE_ROWS tokens (token by token through the state: a verify pass gives the bits of decode steps); a prompt runs
@@ -13,6 +14,7 @@ token or in chunks by its own length), so its bits do not depend on the batch.""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..dispatch.limits import DECODE_ROWS
@@ -63,6 +65,14 @@ def _(q, k, v, g, beta, state, chunk):
     return v.new_empty(v.shape)
 
 
+def _check_conv(x: Tensor, weight: Tensor, conv_state: Tensor, snapshots: Tensor | None, what: str) -> None:
+    if x.dim() != 3 or weight.shape != (x.shape[-1], weight.shape[-1]) or conv_state.shape != (
+            x.shape[0], x.shape[-1], weight.shape[-1] - 1):
+        raise ValueError(f"{what}: x {tuple(x.shape)}, weight {tuple(weight.shape)} and state "
+                         f"{tuple(conv_state.shape)} disagree (want (b, t, ch), (ch, kernel), (b, ch, kernel - 1))")
+    _check_snapshots(snapshots, conv_state, x.shape[1], what)
+
+
 # The optional mutated arguments below have no defaults: torch 2.11's in-place bookkeeping indexes a mutated
 # argument by its place in the schema, and a call that leaves it at its default arrives without it (IndexError).
 @torch.library.custom_op("anyfp4::causal_conv", mutates_args=("conv_state", "snapshots"))
@@ -72,11 +82,7 @@ def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor, snapshots: Tensor
     (b, >= t, channels, kernel - 1) receives it after each token."""
     from ..kernels.gdn.reference import causal_conv as run
 
-    if x.dim() != 3 or weight.shape != (x.shape[-1], weight.shape[-1]) or conv_state.shape != (
-            x.shape[0], x.shape[-1], weight.shape[-1] - 1):
-        raise ValueError(f"causal_conv: x {tuple(x.shape)}, weight {tuple(weight.shape)} and state "
-                         f"{tuple(conv_state.shape)} disagree (want (b, t, ch), (ch, kernel), (b, ch, kernel - 1))")
-    _check_snapshots(snapshots, conv_state, x.shape[1], "causal_conv")
+    _check_conv(x, weight, conv_state, snapshots, "causal_conv")
     if _gpu_path(x, snapshots):  # the convolution kernel runs the tokens in parallel in either mode
         from ..kernels.gdn.step import conv
 
@@ -94,6 +100,34 @@ def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor, snapshots: Tensor
 @causal_conv.register_fake
 def _(x, weight, conv_state, snapshots):
     return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("anyfp4::causal_conv_proj", mutates_args=("conv_state", "snapshots"))
+def causal_conv_proj(x: Tensor, weight: Tensor, conv_state: Tensor, snapshots: Tensor | None, h: Tensor,
+                     proj_weight: Tensor, proj_bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``causal_conv`` of x, and a small float projection of the layer's input h (b, t, K): h @ proj_weight^T (+
+    proj_bias) (N, K) rounded to h's dtype. Where ``causal_conv`` runs the convolution kernel, both in its launch,
+    the projection with ``dense_gemv``'s bits (a Gated DeltaNet's bf16 a / b projections: one launch fewer a
+    layer); elsewhere ``causal_conv`` and the projection's definition, F.linear in float32."""
+    if h.dim() != 3 or h.shape[:2] != x.shape[:2] or proj_weight.dim() != 2 or proj_weight.shape[1] != h.shape[-1] \
+            or (proj_bias is not None and proj_bias.shape != (proj_weight.shape[0],)):
+        raise ValueError(f"causal_conv_proj: h {tuple(h.shape)}, proj_weight {tuple(proj_weight.shape)} and "
+                         f"proj_bias {None if proj_bias is None else tuple(proj_bias.shape)} disagree with x "
+                         f"{tuple(x.shape)} (want (b, t, K), (N, K), (N,))")
+    if _gpu_path(x, snapshots):  # where causal_conv runs the convolution kernel
+        _check_conv(x, weight, conv_state, snapshots, "causal_conv_proj")
+        from ..kernels.gdn.step import conv
+
+        y, p = conv(x, weight, conv_state, snapshots, proj=(h, proj_weight, proj_bias))
+        return y, p
+    y = causal_conv(x, weight, conv_state, snapshots)
+    p = F.linear(h.float(), proj_weight.float(), None if proj_bias is None else proj_bias.float()).to(h.dtype)
+    return y, p
+
+
+@causal_conv_proj.register_fake
+def _(x, weight, conv_state, snapshots, h, proj_weight, proj_bias):
+    return x.new_empty(x.shape), h.new_empty(*h.shape[:-1], proj_weight.shape[0])
 
 
 @torch.library.custom_op("anyfp4::gated_delta_step", mutates_args=("state", "snapshots"))

@@ -2,7 +2,8 @@
 Qwen3.5 does: q/k/v from one projection through a depthwise causal convolution and silu, the gated delta rule over a
 float32 recurrent state per value head (decay exp(-exp(A_log) * softplus(a + dt_bias)), write strength sigmoid(b)),
 a gated RMSNorm per head with z, and the output projection. The input projections (qkv with z, b with a: each pair
-one launch where their formats allow) and the output projection are whatever linears the loader builds (any format);
+one launch where their formats allow; float b / a through their GEMV run in the convolution's launch where that
+GEMV takes the call) and the output projection are whatever linears the loader builds (any format);
 the states live in fixed buffers, like the KV cache."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from .. import ops  # noqa: F401  (registers torch.ops.anyfp4)
+from ..nn.linear import DenseLinear
 from .config import GDNShape
 
 
@@ -101,6 +103,11 @@ class GatedDeltaNet(nn.Module):
         for state, snapshot in self.kept_states(tokens, step_tokens):
             state.copy_(snapshot)
 
+    def b_a_in_conv(self, x: torch.Tensor) -> bool:
+        """Whether this call computes b / a in the convolution's launch: where they are one float linear whose call
+        would run its GEMV launch (the same bits, one launch fewer)."""
+        return isinstance(self.in_proj_ba, DenseLinear) and self.in_proj_ba.takes_gemv(x)
+
     def forward(self, x: torch.Tensor, cos=None, sin=None, mask: torch.Tensor | None = None,
                 input_pos: torch.Tensor | None = None, key_start=None, span=None) -> torch.Tensor:
         """x (b, t, hidden), the t tokens after those the states have seen -> (b, t, hidden). Of an attention
@@ -115,12 +122,20 @@ class GatedDeltaNet(nn.Module):
         if mask is not None and mask.dim() == 4:  # left padding: a token is valid where it may attend to itself
             valid = mask[:, 0, torch.arange(t, device=x.device), input_pos].to(x.dtype)
         qkv, z = _outputs(self.in_proj_qkvz, x, self.shape.conv_channels)
-        b_in, a_in = _outputs(self.in_proj_ba, x, self.shape.v_heads)
+        in_conv = self.b_a_in_conv(x)
+        if not in_conv:
+            b_in, a_in = _outputs(self.in_proj_ba, x, self.shape.v_heads)
         if valid is not None:
             qkv = qkv * valid[..., None]
         record = self.snap_recurrent is not None and t <= self.snap_recurrent.shape[1]
-        mixed = torch.ops.anyfp4.causal_conv(qkv, self.conv_weight, self.conv_state,
-                                             self.snap_conv if record else None)
+        snap = self.snap_conv if record else None
+        if in_conv:
+            ba = self.in_proj_ba
+            mixed, b_a = torch.ops.anyfp4.causal_conv_proj(qkv, self.conv_weight, self.conv_state, snap, x, ba.weight,
+                                                           ba.bias)
+            b_in, a_in = b_a[..., :self.shape.v_heads], b_a[..., self.shape.v_heads:]
+        else:
+            mixed = torch.ops.anyfp4.causal_conv(qkv, self.conv_weight, self.conv_state, snap)
         o = torch.ops.anyfp4.gated_delta_step(mixed, a_in, b_in, z, self.neg_a, self.dt_bias, self.norm_weight,
                                               self.recurrent_state, self.eps, self.shape.k_heads, valid,
                                               self.snap_recurrent if record else None)

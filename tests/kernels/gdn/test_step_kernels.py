@@ -56,6 +56,33 @@ def test_conv_over_t_tokens_is_t_one_token_calls(device):
     assert torch.equal(together, alone) and torch.equal(state, one_state)
 
 
+@pytest.mark.parametrize("t, bias", [(1, False), (3, True), (20, False)])
+def test_conv_with_a_projection_gives_both_bits(device, t, bias):
+    """The convolution's launch with a projection's programs: the convolution, its state and snapshots as without
+    them, and the projection with dense_gemv's bits (its rows from the same helper, tiles and warps); outputs
+    poisoned first."""
+    from anyfp4.kernels.triton.dense_gemv import dense_gemv
+
+    gen = torch.Generator().manual_seed(30 + t)
+    x, w, state = conv_inputs(gen, device, torch.bfloat16, t=t)
+    h = torch.randn(3, t, 1500, generator=gen).to(device, torch.bfloat16)  # K past one 1024-wide chunk
+    pw = (torch.randn(9, 1500, generator=gen) * 0.03).to(device, torch.bfloat16)  # odd rows: a half-masked tile
+    pb = torch.randn(9, generator=gen).to(device, torch.bfloat16) if bias else None
+    alone_state = state.clone()
+    alone_snaps = torch.full((3, t, 80, 3), float("nan"), dtype=torch.bfloat16, device=device)
+    alone = conv(x, w, alone_state, alone_snaps)
+    out = torch.full_like(x, float("nan"))
+    snaps = torch.full((3, t, 80, 3), float("nan"), dtype=torch.bfloat16, device=device)
+    got, proj = conv(x, w, state, snaps, out=out, proj=(h, pw, pb))
+    assert got.data_ptr() == out.data_ptr() and torch.equal(got, alone)
+    assert torch.equal(state, alone_state) and torch.equal(snaps, alone_snaps)
+    assert proj.shape == (3, t, 9) and torch.equal(proj, dense_gemv(h, pw, pb))
+    want = torch.nn.functional.linear(h.double(), pw.double(), None if pb is None else pb.double())
+    assert close(proj, want, 1e-2)
+    with pytest.raises(ValueError, match="projection input"):
+        conv(x, w, state, proj=(h[:, :1] if t > 1 else h[:2], pw, pb))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dims", [(2, 4, 8, 12), (2, 2, 16, 16), (1, 3, 32, 8), (1, 2, 16, 80)])  # 80: three blocks
 @pytest.mark.parametrize("t", [1, 3])

@@ -3,7 +3,9 @@ launches instead of torch's chain of small kernels:
 
 - ``conv``: the depthwise causal convolution and silu, programs over (row, channel block, token block) — every
   output reads only inputs, so tokens run in parallel; the rolling state (the last kernel - 1 inputs) is rewritten by
-  the programs of the first token block, the only ones that read it;
+  the programs of the first token block, the only ones that read it; where asked, the same launch also runs a
+  small projection of the layer's input (the bf16 a / b projections: ``dense_gemv``'s programs and bits) in
+  programs of its own — one launch fewer a layer;
 - ``delta_rule``: per (row, value head, block of 32 value dims) the float32 state tile in registers through the t
   tokens one after another: q / k L2-normalized, the gates from the a / b projections, decay, delta, update, output
   (rounded); optionally the state after each token into a snapshot buffer (speculation returns to any of them);
@@ -23,9 +25,14 @@ import triton.language as tl
 
 from ...env import triton_interpret
 from ..triton.common import early_launch_args, round_to_output, wait_for_previous_kernel
+from ..triton import dense_gemv as gemv
+from ..triton.dense_gemv import gemv_rows
 from .reference import L2_EPS
 
 _L2_EPS = tl.constexpr(L2_EPS)
+GEMV_BLOCK_N = tl.constexpr(gemv.BLOCK_N)  # a projection's rows in the convolution's launch: dense_gemv's tiles
+GEMV_BLOCK_K = tl.constexpr(gemv.BLOCK_K)
+CONV_WARPS = gemv.NUM_WARPS  # and its warps, so that those rows get dense_gemv's bits
 STATE_BLOCK_V = 32  # value dims per program of a head's state: (DK, 32) float32 tiles, four programs a head at 128
 CONV_BLOCK_T = 16  # tokens per convolution program at most (fewer for fewer tokens)
 
@@ -46,10 +53,30 @@ def _conv_input(x_ptr, state_ptr, src, ch, valid, stride_xt, stride_sc, WIDTH: t
 
 @triton.jit
 def conv_kernel(x_ptr, w_ptr, state_ptr, y_ptr, snap_ptr, T, channels, stride_xb, stride_xt, stride_sb, stride_sc,
-                stride_yb, stride_yt, stride_pb, stride_pt, stride_pc, WIDTH: tl.constexpr, SNAP: tl.constexpr,
-                BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, EARLY: tl.constexpr):
+                stride_yb, stride_yt, stride_pb, stride_pt, stride_pc, h_ptr, pw_ptr, pb_ptr, po_ptr, PN, PK,
+                stride_hb, stride_ht, stride_pw, stride_qb, stride_qt, conv_blocks, WIDTH: tl.constexpr,
+                SNAP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PROJ: tl.constexpr,
+                PROJ_BIAS: tl.constexpr, INTERPRET: tl.constexpr, EARLY: tl.constexpr):
+    """Programs (row, channel block, token block); with PROJ, the channel blocks from ``conv_blocks`` on are a
+    small projection's instead: output rows of h (row, token) for each token of the block, as ``dense_gemv``
+    computes them (the same bits), in the convolution's launch."""
     wait_for_previous_kernel(EARLY)
     row, cb, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if PROJ and cb >= conv_blocks:
+        for tok in range(tb * BLOCK_T, tl.minimum(T, tb * BLOCK_T + BLOCK_T)):
+            gemv_rows(h_ptr + row * stride_hb + tok * stride_ht, pw_ptr, pb_ptr,
+                      po_ptr + row * stride_qb + tok * stride_qt, cb - conv_blocks, PN, PK, stride_pw,
+                      GEMV_BLOCK_N, GEMV_BLOCK_K, PROJ_BIAS, INTERPRET)
+    else:
+        _conv_block(x_ptr, w_ptr, state_ptr, y_ptr, snap_ptr, T, channels, stride_xb, stride_xt, stride_sb,
+                    stride_sc, stride_yb, stride_yt, stride_pb, stride_pt, stride_pc, row, cb, tb, WIDTH, SNAP,
+                    BLOCK_T, BLOCK_C, INTERPRET)
+
+
+@triton.jit
+def _conv_block(x_ptr, w_ptr, state_ptr, y_ptr, snap_ptr, T, channels, stride_xb, stride_xt, stride_sb, stride_sc,
+                stride_yb, stride_yt, stride_pb, stride_pt, stride_pc, row, cb, tb, WIDTH: tl.constexpr,
+                SNAP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr):
     ch = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     tok = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     valid = (tok[:, None] < T) & (ch[None, :] < channels)
@@ -145,10 +172,11 @@ def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 def conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, snapshots: torch.Tensor | None = None,
-         out: torch.Tensor | None = None) -> torch.Tensor:
+         out: torch.Tensor | None = None, proj: tuple | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x (b, t, channels), weight (channels, kernel), conv_state (b, channels, kernel - 1) advanced in place ->
     silu(conv) (b, t, channels) in x's dtype (into ``out`` if given); ``snapshots`` (b, >= t, channels, kernel - 1):
-    the state after each token."""
+    the state after each token. ``proj`` (h (b, t, K), W (N, K), bias (N,) or None): also ``dense_gemv(h, W,
+    bias)`` in the same launch (its bits), returned second."""
     b, t, ch = x.shape
     width = weight.shape[1]
     x = _last_contiguous(x)
@@ -158,12 +186,28 @@ def conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, snapsh
     snap = snapshots if snapshots is not None else conv_state
     block_c = min(256, triton.next_power_of_2(ch))
     block_t = min(CONV_BLOCK_T, triton.next_power_of_2(t))  # a decode step: one token, no masked rows
-    conv_kernel[(b, triton.cdiv(ch, block_c), triton.cdiv(t, block_t))](
+    conv_blocks = triton.cdiv(ch, block_c)
+    if proj is not None:
+        h, pw, pb = proj
+        if h.shape[:2] != (b, t) or pw.dim() != 2 or h.shape[-1] != pw.shape[1] or (
+                pb is not None and pb.shape != (pw.shape[0],)):
+            raise ValueError(f"conv: projection input {tuple(h.shape)}, weight {tuple(pw.shape)} and bias "
+                             f"{None if pb is None else tuple(pb.shape)} disagree with x {tuple(x.shape)}")
+        h, pw = _last_contiguous(h), pw.contiguous()
+        po = torch.empty(b, t, pw.shape[0], dtype=h.dtype, device=h.device)
+        proj_args = (h, pw, pb if pb is not None else pw, po, pw.shape[0], pw.shape[1], h.stride(0), h.stride(1),
+                     pw.stride(0), po.stride(0), po.stride(1))
+        proj_blocks = triton.cdiv(pw.shape[0], gemv.BLOCK_N)
+    else:
+        proj_args, proj_blocks = (x, x, x, x, 0, 0, 0, 0, 0, 0, 0), 0
+    conv_kernel[(b, conv_blocks + proj_blocks, triton.cdiv(t, block_t))](
         x, weight.contiguous(), conv_state, y, snap, t, ch, x.stride(0), x.stride(1), conv_state.stride(0),
         conv_state.stride(1), y.stride(0), y.stride(1), snap.stride(0), snap.stride(1) if snapshots is not None else 0,
-        snap.stride(2) if snapshots is not None else 0, WIDTH=width, SNAP=snapshots is not None, BLOCK_T=block_t,
-        BLOCK_C=block_c, INTERPRET=triton_interpret(), num_warps=4, **early_launch_args(x.device))
-    return y
+        snap.stride(2) if snapshots is not None else 0, *proj_args, conv_blocks, WIDTH=width,
+        SNAP=snapshots is not None, BLOCK_T=block_t, BLOCK_C=block_c, PROJ=proj is not None,
+        PROJ_BIAS=proj is not None and proj[2] is not None, INTERPRET=triton_interpret(), num_warps=CONV_WARPS,
+        **early_launch_args(x.device))
+    return y if proj is None else (y, proj_args[3])
 
 
 def delta_rule(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.Tensor, neg_a: torch.Tensor,

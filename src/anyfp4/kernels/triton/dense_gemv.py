@@ -17,23 +17,38 @@ from ...env import triton_interpret
 from .common import round_to_output
 
 
+BLOCK_N = 2  # output rows a program owns
+BLOCK_K = 1024  # inputs a program reads per iteration
+NUM_WARPS = 4
+
+
 @triton.jit
-def dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_om,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr):
-    nb, m = tl.program_id(0), tl.program_id(1)
+def gemv_rows(x_ptr, w_ptr, bias_ptr, out_ptr, nb, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Output rows nb * BLOCK_N .. of one input row (x_ptr, out_ptr at its row): the whole K in BLOCK_K chunks,
+    float32 sums in one fixed order. Every kernel that computes such rows calls this, with BLOCK_N, BLOCK_K and
+    NUM_WARPS, so that they all give the same bits."""
     rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + cols
-        x = tl.load(x_ptr + m * stride_xm + kk, mask=kk < K, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :], mask=(rows[:, None] < N) & (kk[None, :] < K),
                     other=0.0).to(tl.float32)
         acc += w * x[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m * stride_om + rows, round_to_output(y, out_ptr.dtype.element_ty, INTERPRET), mask=rows < N)
+    tl.store(out_ptr + rows, round_to_output(y, out_ptr.dtype.element_ty, INTERPRET), mask=rows < N)
+
+
+@triton.jit
+def dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_om,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr):
+    nb, m = tl.program_id(0), tl.program_id(1)
+    gemv_rows(x_ptr + m * stride_xm, w_ptr, bias_ptr, out_ptr + m * stride_om, nb, N, K, stride_wn, BLOCK_N, BLOCK_K,
+              HAS_BIAS, INTERPRET)
 
 
 GRID_ROWS = 32768  # input rows a launch takes (its grid's second axis, at most 65535)
@@ -50,10 +65,10 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         x2 = x2.contiguous()
     rows = x2.shape[0]
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device) if out is None else out.view(rows, n)
-    block_n = 2
     for r0 in range(0, rows, GRID_ROWS):  # one launch up to GRID_ROWS rows; a row's bits are the same in any
         xs, ys = x2[r0:r0 + GRID_ROWS], y[r0:r0 + GRID_ROWS]
-        dense_gemv_kernel[(triton.cdiv(n, block_n), xs.shape[0])](
+        dense_gemv_kernel[(triton.cdiv(n, BLOCK_N), xs.shape[0])](
             xs, weight, bias if bias is not None else weight, ys, n, k, xs.stride(0), weight.stride(0), ys.stride(0),
-            BLOCK_N=block_n, BLOCK_K=1024, HAS_BIAS=bias is not None, INTERPRET=triton_interpret(), num_warps=4)
+            BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, HAS_BIAS=bias is not None, INTERPRET=triton_interpret(),
+            num_warps=NUM_WARPS)
     return y.view(*x.shape[:-1], n)
