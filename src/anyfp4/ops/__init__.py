@@ -29,8 +29,9 @@ formats share; ``ops.checks``: argument checks; ``ops.registry``: how the quanti
   launch on CUDA, ``kernels.triton.weighted_slots``); ``route_topk(logits, k, normalize)``: each token's k most
   probable experts (int32 ids, highest first) and their softmax probabilities, renormalized over the k when asked
   (one launch on CUDA, ``kernels.triton.route_topk``; ``ops.routing``).
-- ``small_attention(q, k_cache, v_cache, mask, input_pos, key_start=None)``: grouped-query attention of t <= 32
-  new positions over the static KV cache (``kernels.glue.small_attention``), (b, t, h, hd) out; CUDA only.
+- ``small_attention(q, k_cache, v_cache, mask, input_pos, key_start=None, gate=None)``: grouped-query attention of
+  t <= 32 new positions over the static KV cache (``kernels.glue.small_attention``), (b, t, h, hd) out; CUDA only.
+  ``gate`` (b, t, h, hd): the output times sigmoid(gate) in the same launch (Qwen3.5's attention output gate).
   ``key_start`` (b,): each sequence's first valid slot (a left-padded batch: its rows then get the bits they get
   alone).
 - ``rope_cache(q, k, v, cos, sin, k_cache, v_cache, input_pos)``: rotary embedding of q and k (of their first

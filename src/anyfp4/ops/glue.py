@@ -29,18 +29,18 @@ def _(x, weight, eps):
 
 @torch.library.custom_op("anyfp4::small_attention", mutates_args=())
 def small_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor, input_pos: Tensor,
-                    key_start: Tensor | None = None) -> Tensor:
+                    key_start: Tensor | None = None, gate: Tensor | None = None) -> Tensor:
     from ..kernels.glue.small_attention import small_attention as run
 
     if mask.dtype != torch.bool:
         raise TypeError(f"small_attention: mask must be bool, got {mask.dtype}")
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise TypeError(f"small_attention: q {q.dtype}, caches {k_cache.dtype}/{v_cache.dtype} must match")
-    return run(q, k_cache, v_cache, mask, input_pos, key_start)
+    return run(q, k_cache, v_cache, mask, input_pos, key_start, gate=gate)
 
 
 @small_attention.register_fake
-def _(q, k_cache, v_cache, mask, input_pos, key_start=None):
+def _(q, k_cache, v_cache, mask, input_pos, key_start=None, gate=None):
     b, h, t, hd = q.shape
     return q.new_empty(b, t, h, hd)
 

@@ -96,7 +96,6 @@ class Attention(nn.Module):
         gate = None
         if a.attn_output_gate:  # per head: its query, then its gate
             q, gate = q.view(b, t, a.num_heads, 2 * a.head_dim).split(a.head_dim, dim=-1)
-            gate = gate.reshape(b, t, a.num_heads * a.head_dim)
         q = q.reshape(b, t, a.num_heads, a.head_dim)
         k = k.view(b, t, a.num_kv_heads, a.head_dim)
         v = v.view(b, t, a.num_kv_heads, a.head_dim)
@@ -107,20 +106,27 @@ class Attention(nn.Module):
         # the compiler; the caches stay plain in-place updates, with no functionalized copies of them).
         rope = rope_cache_reference if torch.compiler.is_compiling() else torch.ops.anyfp4.rope_cache
         q = rope(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos).transpose(1, 2)
-        y = self.attend(q, mask, input_pos, key_start, span)  # (b, t, h * hd)
-        if gate is not None:
-            y = y * per_row(torch.sigmoid, gate)
-        return self.o_proj(y)
+        return self.o_proj(self.attend(q, mask, input_pos, key_start, span, gate))
 
-    def attend(self, q, mask, input_pos, key_start=None, span=None):
+    def attend(self, q, mask, input_pos, key_start=None, span=None, gate=None):
         """q (b, h, t, hd) at the consecutive cache slots ``input_pos`` over the caches -> (b, t, h * hd).
         ``key_start`` (b,): each sequence's first valid slot (a left-padded batch); ``span``: ``visible_span`` of
-        the two, read once per forward (else read here)."""
+        the two, read once per forward (else read here); ``gate`` (b, t, h, hd): the output gate (times sigmoid of
+        it), in the attention's own launch where it runs ``small_attention``."""
         a = self.args
         b, _, t, _ = q.shape
         if t <= DECODE_ROWS and q.is_cuda:  # rows independent of t: decode and verify steps give the same bits
-            y = torch.ops.anyfp4.small_attention(q, self.k_cache, self.v_cache, mask, input_pos, key_start)
+            y = torch.ops.anyfp4.small_attention(q, self.k_cache, self.v_cache, mask, input_pos, key_start, gate)
             return y.reshape(b, t, a.num_heads * a.head_dim)
+        y = self._attend_rest(q, mask, input_pos, key_start, span)
+        if gate is not None:
+            y = y * per_row(torch.sigmoid, gate.reshape(b, t, a.num_heads * a.head_dim))
+        return y
+
+    def _attend_rest(self, q, mask, input_pos, key_start, span):
+        """``attend`` of a longer call or off the GPU, before the gate."""
+        a = self.args
+        b, _, t, _ = q.shape
         if no_host_reads(q):
             # a compiled or captured step of more than DECODE_ROWS rows: the whole cache, no host values
             y = self.attend_slots(q, self.k_cache, self.v_cache, mask)

@@ -52,6 +52,27 @@ def test_rows_do_not_depend_on_the_call(device):
     assert torch.equal(one[:, 0], many[:, 0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_an_output_gate_is_the_gate_torch_applies(device, dtype):
+    """A gate in the launch (a strided view, as the model's query | gate split gives it): the ungated output, rounded,
+    times sigmoid(gate), rounded, as torch computes them; within a rounding step where the sigmoid's float lands
+    near a tie, bit for bit elsewhere; the op refuses a gate of another shape."""
+    q, k, v, mask, pos = case(device, dtype, 2, 2, 3, 4, 64, 20, 90, seed=21)
+    b, h, t, hd = q.shape
+    gen = torch.Generator().manual_seed(22)
+    both = (torch.randn(b, t, h, 2 * hd, generator=gen) * 3).to(device, dtype)
+    gate = both[..., hd:]  # strided: (query, gate) per head
+    out = torch.full((b, t, h, hd), float("nan"), dtype=dtype, device=device)
+    got = small_attention(q, k, v, mask, pos, out=out, gate=gate)
+    assert got.data_ptr() == out.data_ptr()
+    want = small_attention(q, k, v, mask, pos) * torch.sigmoid(gate.float()).to(dtype)
+    assert torch.isfinite(got).all() and (got != want).float().mean() < 0.01
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-3)
+    assert torch.equal(torch.ops.anyfp4.small_attention(q, k, v, mask, pos, None, gate), got)
+    with pytest.raises(ValueError, match="gate"):
+        small_attention(q, k, v, mask, pos, gate=gate[:, :2])
+
+
 def test_the_op_refuses_a_non_bool_mask(device):
     q, k, v, mask, pos = case(device, torch.float16, 1, 1, 1, 1, 32, 0, 16, seed=1)
     with pytest.raises(TypeError, match="mask must be bool"):

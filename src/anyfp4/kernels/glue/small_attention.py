@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ...dispatch.limits import DECODE_ROWS
 from ...env import triton_interpret
-from ..triton.common import early_launch_args, wait_for_previous_kernel
+from ..triton.common import early_launch_args, round_to_output, wait_for_previous_kernel
 
 ROWS = 16  # query rows per program (the tensor-core M)
 KEYS = 64  # keys per chunk
@@ -117,12 +117,14 @@ def small_attention_kernel(
 
 @triton.jit
 def small_attention_merge_kernel(
-    part_ptr, stat_ptr, pos_ptr, start_ptr, out_ptr, T, G, KVH, HD, SEG, NSEG, so_b, so_t, so_h,
-    BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, EARLY: tl.constexpr,
+    part_ptr, stat_ptr, pos_ptr, start_ptr, out_ptr, gate_ptr, T, G, KVH, HD, SEG, NSEG, so_b, so_t, so_h, sg_b, sg_t,
+    sg_h, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, GATE: tl.constexpr, INTERPRET: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
     """Pass 2, one program per query row (the grid is exactly the G * T rows: every program stores): its
     segments merged at once — the segments no row of the call may see load as (max -1e30, sum 0, output 0),
-    so the reduction has one shape and adds exact zeros for them."""
+    so the reduction has one shape and adds exact zeros for them. With GATE, the rounded output times
+    sigmoid(gate) (rounded), rounded: what the model's output gate computes after the attention."""
     wait_for_previous_kernel(EARLY)
     bh, row = tl.program_id(0), tl.program_id(1)
     b, kvh = bh // KVH, bh % KVH
@@ -144,19 +146,28 @@ def small_attention_merge_kernel(
     l = tl.sum(l_s * w, axis=0)
     acc = tl.sum(part * w[:, None], axis=0)
     out = acc / tl.where(l > 0, l, 1.0)
-    tl.store(out_ptr + b * so_b + pos * so_t + head * so_h + d, out.to(out_ptr.dtype.element_ty), mask=d < HD)
+    dtype = out_ptr.dtype.element_ty
+    if GATE:
+        g = tl.load(gate_ptr + b * sg_b + pos * sg_t + head * sg_h + d, mask=d < HD, other=0.0).to(tl.float32)
+        sig = round_to_output(1.0 / (1.0 + tl.exp(-g)), dtype, INTERPRET).to(tl.float32)
+        out = round_to_output(out, dtype, INTERPRET).to(tl.float32) * sig
+    tl.store(out_ptr + b * so_b + pos * so_t + head * so_h + d, round_to_output(out, dtype, INTERPRET), mask=d < HD)
 
 
 def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                     input_pos: torch.Tensor, key_start: torch.Tensor | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
     """q (b, h, t, hd) any strides (last dim contiguous), k/v caches (b, kvh, S, hd), mask (t, S) or
     (b, 1, t, S) bool, input_pos (t,) ascending cache slots of the t rows, key_start (b,) int: each sequence's
-    first slot the mask may show (no slot before it is read) -> (b, t, h, hd) in q's dtype."""
+    first slot the mask may show (no slot before it is read) -> (b, t, h, hd) in q's dtype; ``gate`` (b, t, h, hd)
+    any strides (last dim contiguous): the output times sigmoid(gate), each rounded as torch rounds them."""
     b, h, t, hd = q.shape
     kvh, cache_len = k.shape[1], k.shape[2]
     if h % kvh or t > DECODE_ROWS or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError(f"small_attention: unsupported shapes/strides q {tuple(q.shape)} k {tuple(k.shape)}")
+    if gate is not None and (gate.shape != (b, t, h, hd) or gate.stride(-1) != 1 or gate.dtype != q.dtype):
+        raise ValueError(f"small_attention: gate {tuple(gate.shape)} {gate.dtype} must be (b, t, h, hd) = "
+                         f"{(b, t, h, hd)} {q.dtype} with a contiguous last dimension")
     g = h // kvh
     m = mask
     sm_b, sm_t = (m.stride(0), m.stride(2)) if m.dim() == 4 else (0, m.stride(0))
@@ -179,7 +190,10 @@ def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), sm_b, sm_t,
         BLOCK_D=block_d, INTERPRET=triton_interpret(), num_warps=4, **early)
+    gs = gate.stride()[:3] if gate is not None else (0, 0, 0)
     small_attention_merge_kernel[(b * kvh, g * t)](
-        part, stat, input_pos, key_start, out, t, g, kvh, hd, seg, nseg, out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_D=block_d, BLOCK_S=max(16, triton.next_power_of_2(nseg)), num_warps=4, **early)
+        part, stat, input_pos, key_start, out, gate if gate is not None else out, t, g, kvh, hd, seg, nseg,
+        out.stride(0), out.stride(1), out.stride(2), *gs, BLOCK_D=block_d,
+        BLOCK_S=max(16, triton.next_power_of_2(nseg)), GATE=gate is not None, INTERPRET=triton_interpret(),
+        num_warps=4, **early)
     return out
