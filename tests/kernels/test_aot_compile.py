@@ -150,12 +150,14 @@ def support_kernels_compile(cc):
                     "scale": "fp32", **{n: "i32" for n in ("sq_b", "sq_h", "sq_t", "sk_b", "sk_h", "sk_s", "sv_b",
                                                           "sv_h", "sv_s", "sm_b", "sm_t")}}
         merge_sig = {"part_ptr": "*fp32", "stat_ptr": "*fp32", "pos_ptr": "*i64", "start_ptr": "*i64",
-                     "out_ptr": f"*{act}",
-                     **{n: "i32" for n in ("T", "G", "KVH", "HD", "SEG", "NSEG", "so_b", "so_t", "so_h")}}
-        for block_d in (64, 128):
+                     "out_ptr": f"*{act}", "gate_ptr": f"*{act}",
+                     **{n: "i32" for n in ("T", "G", "KVH", "HD", "SEG", "NSEG", "so_b", "so_t", "so_h", "sg_b",
+                                           "sg_t", "sg_h")}}
+        for block_d, gate in ((64, False), (128, False), (256, True)):  # Qwen3.5's gated 256-wide heads
             flags = {"EARLY": early}
             compile_for(small_attention_kernel, attn_sig, {"BLOCK_D": block_d, "INTERPRET": False, **flags}, cc)
-            compile_for(small_attention_merge_kernel, merge_sig, {"BLOCK_D": block_d, "BLOCK_S": 64, **flags}, cc)
+            compile_for(small_attention_merge_kernel, merge_sig, {"BLOCK_D": block_d, "BLOCK_S": 64, "GATE": gate,
+                                                                  "INTERPRET": False, **flags}, cc)
         rope_sig = {**{n: f"*{act}" for n in ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "kc_ptr", "vc_ptr")},
                     "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64",
                     **{n: "i32" for n in ("T", "H", "HALF", "HD", "sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b",
@@ -207,11 +209,16 @@ def gdn_kernels_compile(act, cc):
     norm weight in float32)."""
     early = early_for(cc)
     for snap, block_t in ((False, 1), (True, 16)):  # a decode step's one token; a verify pass or prompt
-        compile_for(conv_kernel, {"x_ptr": f"*{act}", "w_ptr": f"*{act}", "state_ptr": f"*{act}", "y_ptr": f"*{act}",
-                                  "snap_ptr": f"*{act}", **{n: "i32" for n in (
-                                      "T", "channels", "stride_xb", "stride_xt", "stride_sb", "stride_sc", "stride_yb",
-                                      "stride_yt", "stride_pb", "stride_pt", "stride_pc")}},
-                    {"WIDTH": 4, "SNAP": snap, "BLOCK_T": block_t, "BLOCK_C": 256, "INTERPRET": False, "EARLY": early}, cc)
+        for proj in (False, True):  # with the b / a projection's programs
+            compile_for(conv_kernel, {**{n: f"*{act}" for n in ("x_ptr", "w_ptr", "state_ptr", "y_ptr", "snap_ptr",
+                                                                "h_ptr", "pw_ptr", "pb_ptr", "po_ptr")},
+                                      **{n: "i32" for n in (
+                                          "T", "channels", "stride_xb", "stride_xt", "stride_sb", "stride_sc",
+                                          "stride_yb", "stride_yt", "stride_pb", "stride_pt", "stride_pc", "PN", "PK",
+                                          "stride_hb", "stride_ht", "stride_pw", "stride_qb", "stride_qt",
+                                          "conv_blocks")}},
+                        {"WIDTH": 4, "SNAP": snap, "BLOCK_T": block_t, "BLOCK_C": 256, "PROJ": proj,
+                         "PROJ_BIAS": proj and snap, "INTERPRET": False, "EARLY": early}, cc)
         sig = {**{n: f"*{act}" for n in ("mixed_ptr", "a_ptr", "b_ptr")}, "neg_a_ptr": "*fp32", "dt_bias_ptr": "*fp32",
                "state_ptr": "*fp32", "out_ptr": f"*{act}", "valid_ptr": "*fp32", "snap_ptr": "*fp32",
                **{n: "i32" for n in ("T", "v_heads", "stride_mb", "stride_mt", "stride_ab", "stride_at", "stride_bb",
