@@ -193,11 +193,16 @@ counters)
     IFS=';' read -ra specs <<< "${SPECS:-nvfp4 28672x8192;fp8 28672x8192;nvfp4 28672x8192 --m 32;nvfp4 17408x5120 --gated}"
     for spec in "${specs[@]}"; do
         set -- $spec; name="ncu_$(echo "$spec" | tr -c 'a-z0-9x\n' '_' | tr -s '_')"
-        timeout 120 ncu --clock-control none --kernel-name anyfp4_weight_mma --launch-skip 2 --launch-count 1 \
-            --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
-            --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
-            --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active" \
-            python3 benchmarks/probes/kernel_counters.py --format $1 --shape $2 "${@:3}" > "$OUT/$name.txt" 2>&1
+        # the sections first; the stall and pipe metrics by name in a second pass (a name this ncu lacks then costs
+        # only that pass)
+        profile() { timeout 120 ncu --clock-control none --kernel-name anyfp4_weight_mma --launch-skip 2 \
+            --launch-count 1 "$@" python3 benchmarks/probes/kernel_counters.py --format $fmt --shape $shape $extra; }
+        fmt=$1 shape=$2 extra="${*:3}"
+        profile --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+            --section Occupancy --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
+            > "$OUT/$name.txt" 2>&1
+        profile --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,\
+regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active" >> "$OUT/$name.txt" 2>&1
         echo "== $spec"; grep -E "^ +(Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Executed Ipc A|Issue Slots Busy|\
 Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit Reg|Grid Size|Block Size|Waves Per SM|\
 One or More Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued)" "$OUT/$name.txt" | sed 's/  */ /g'
