@@ -133,7 +133,7 @@ class GatedDeltaNet(nn.Module):
             ba = self.in_proj_ba
             mixed, b_a = torch.ops.anyfp4.causal_conv_proj(qkv, self.conv_weight, self.conv_state, snap, x, ba.weight,
                                                            ba.bias)
-            b_in, a_in = b_a[..., :self.shape.v_heads], b_a[..., self.shape.v_heads:]
+            b_in, a_in = _split(b_a, self.shape.v_heads)
         else:
             mixed = torch.ops.anyfp4.causal_conv(qkv, self.conv_weight, self.conv_state, snap)
         o = torch.ops.anyfp4.gated_delta_step(mixed, a_in, b_in, z, self.neg_a, self.dt_bias, self.norm_weight,
@@ -146,5 +146,9 @@ def _outputs(proj: nn.Module, x: torch.Tensor, first: int) -> tuple[torch.Tensor
     """The two projections of a pair (one fused linear, or a ModuleList of two), the first ``first`` wide."""
     if isinstance(proj, nn.ModuleList):
         return proj[0](x), proj[1](x)
-    y = proj(x)
+    return _split(proj(x), first)
+
+
+def _split(y: torch.Tensor, first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fused pair's output as its two projections', the first ``first`` wide."""
     return y[..., :first], y[..., first:]
