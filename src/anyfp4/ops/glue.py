@@ -47,7 +47,10 @@ def _(q, k_cache, v_cache, mask, input_pos, key_start=None, gate=None):
 
 @torch.library.custom_op("anyfp4::rope_cache", mutates_args=("k_cache", "v_cache"))
 def rope_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-               input_pos: Tensor) -> Tensor:
+               input_pos: Tensor, q_norm: Tensor | None = None, k_norm: Tensor | None = None,
+               eps: float = 0.0) -> Tensor:
+    """q / k rotated, k / v into the caches; with ``q_norm`` and ``k_norm`` (head_dim weights) each q / k head
+    RMSNormed (``eps``) before its rotation, in the same launch."""
     from ..kernels.glue.reference import rope_cache_reference
 
     if cos.dtype != torch.float32 or sin.dtype != torch.float32:
@@ -57,15 +60,25 @@ def rope_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cach
     if cos.shape[-1] % 2 or cos.shape[-1] > q.shape[-1]:
         raise ValueError(f"rope_cache: rotary tables {tuple(cos.shape)} must be even-wide and at most head_dim "
                          f"{q.shape[-1]}")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("rope_cache: give both q_norm and k_norm, or neither")
+    norms = None
+    if q_norm is not None:
+        if q_norm.shape != (q.shape[-1],) or k_norm.shape != (q.shape[-1],):
+            raise ValueError(f"rope_cache: q_norm {tuple(q_norm.shape)} and k_norm {tuple(k_norm.shape)} must both "
+                             f"be ({q.shape[-1]},), one weight per head dimension")
+        if q_norm.device != q.device or k_norm.device != q.device:
+            raise ValueError("rope_cache: q_norm / k_norm must be on q's device")
+        norms = (q_norm.contiguous(), k_norm.contiguous(), eps)
     if q.device.type == "cuda":
         from ..kernels.glue.rope_cache import rope_cache as run
 
-        return run(q, k, v, cos, sin, k_cache, v_cache, input_pos)
-    return rope_cache_reference(q, k, v, cos, sin, k_cache, v_cache, input_pos)
+        return run(q, k, v, cos, sin, k_cache, v_cache, input_pos, norms=norms)
+    return rope_cache_reference(q, k, v, cos, sin, k_cache, v_cache, input_pos, norms)
 
 
 @rope_cache.register_fake
-def _(q, k, v, cos, sin, k_cache, v_cache, input_pos):
+def _(q, k, v, cos, sin, k_cache, v_cache, input_pos, q_norm=None, k_norm=None, eps=0.0):
     return q.new_empty(q.shape, dtype=k_cache.dtype)
 
 

@@ -62,6 +62,8 @@ class Attention(nn.Module):
         super().__init__()
         self.args = args
         self.qkv, self.o_proj = qkv, o_proj  # qkv: one fused linear, or a ModuleList of three
+        if (q_norm is None) != (k_norm is None) or (q_norm is not None and q_norm.eps != k_norm.eps):
+            raise ValueError("Attention: q_norm and k_norm come together, with one eps")
         self.q_norm, self.k_norm = q_norm, k_norm
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
@@ -99,13 +101,19 @@ class Attention(nn.Module):
         q = q.reshape(b, t, a.num_heads, a.head_dim)
         k = k.view(b, t, a.num_kv_heads, a.head_dim)
         v = v.view(b, t, a.num_kv_heads, a.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        # Rotary embedding of q and k (of their first rope_dim dims when the rotary is partial), k and v into the
-        # caches: one launch on CUDA. Under torch.compile its pure-torch definition is traced instead (fused by
-        # the compiler; the caches stay plain in-place updates, with no functionalized copies of them).
-        rope = rope_cache_reference if torch.compiler.is_compiling() else torch.ops.anyfp4.rope_cache
-        q = rope(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos).transpose(1, 2)
+        # The q / k norms (Qwen3), the rotary embedding of q and k (of their first rope_dim dims when the rotary is
+        # partial), k and v into the caches: one launch on CUDA. Under torch.compile its pure-torch definition is
+        # traced instead (fused by the compiler; the caches stay plain in-place updates, with no functionalized
+        # copies of them).
+        if torch.compiler.is_compiling():
+            norms = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+            q = rope_cache_reference(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos, norms)
+        elif self.q_norm is None:
+            q = torch.ops.anyfp4.rope_cache(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos)
+        else:
+            q = torch.ops.anyfp4.rope_cache(q, k, v, cos[:, 0], sin[:, 0], self.k_cache, self.v_cache, input_pos,
+                                            self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        q = q.transpose(1, 2)
         return self.o_proj(self.attend(q, mask, input_pos, key_start, span, gate))
 
     def attend(self, q, mask, input_pos, key_start=None, span=None, gate=None):

@@ -21,11 +21,14 @@ def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.T
     return h, rms_norm_reference(h, weight, eps)
 
 
-def rope_cache_reference(q, k, v, cos, sin, k_cache, v_cache, input_pos):
+def rope_cache_reference(q, k, v, cos, sin, k_cache, v_cache, input_pos, norms=None):
     """q (b, t, h, hd), k/v (b, t, kvh, hd), cos/sin (b or 1, t, rd) float32, rd <= hd -> q rotated (b, t, h, hd);
     k rotated and v written to the caches (b, kvh, S, hd) at slots ``input_pos``. The first rd dims of a head
-    are rotated (partial rotary when rd < hd), the rest pass through."""
+    are rotated (partial rotary when rd < hd), the rest pass through. ``norms`` (q weight, k weight, eps): each q / k
+    head RMSNormed (``rms_norm_reference``) first."""
     rd = cos.shape[-1]
+    if norms is not None:
+        q, k = rms_norm_reference(q, norms[0], norms[2]), rms_norm_reference(k, norms[1], norms[2])
 
     def rot(x):
         xf = x.float()
