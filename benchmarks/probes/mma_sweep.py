@@ -50,12 +50,17 @@ def rel_err(y, ref):
     return ((y.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def configs_for(m: int, gated: bool, k_pad: int, step: int = 128, slices: int = 0, k_warps=(1, 2, 4, 8)):
+SLICE_COUNTS = (1, 2, 4, 8, 16, 32)  # the K-slice counts M = 1 is swept over unless --slice-counts names others
+
+
+def configs_for(m: int, gated: bool, k_pad: int, step: int = 128, slices: int = 0, k_warps=(1, 2, 4, 8),
+                counts=SLICE_COUNTS):
     """Launch configs to time; ``slices`` (> 0) fixes the K slices, split-K x K warps (M > 1 runs with M = 1's
-    slices, see below); ``k_warps``: the K warps per row tile to try."""
+    slices, see below), else each of ``counts``; ``k_warps``: the K warps per row tile to try (K warps beside a
+    count that is not a power of two: refused by the kernel, skipped)."""
     steps = k_pad // step
     for mt, warps, total, depth, kw in itertools.product((1, 2, 4), (2, 4, 8),
-                                                         (slices,) if slices else (1, 2, 4, 8, 16, 32), (2, 4, 8),
+                                                         (slices,) if slices else counts, (2, 4, 8),
                                                          k_warps):
         if (mt == 4) != (warps == 2) and not (mt == 4 and warps == 4):
             continue  # four m16 tiles per warp (M > 8: a quarter of the staged-activation reads) in 2 or 4 warps
@@ -158,11 +163,12 @@ def table_slices(device, fmt, gated, n, k, k_pad) -> int:
     return k_slices(mma_config(props.major * 10 + props.minor, props.multi_processor_count, fmt, gated, n, k, k_pad, 1))
 
 
-def best_by_slices(time_config, m: int, gated: bool, k_pad: int, step: int, slices: int = 0) -> dict:
+def best_by_slices(time_config, m: int, gated: bool, k_pad: int, step: int, slices: int = 0,
+                   counts=SLICE_COUNTS) -> dict:
     """{K slices: (seconds, config)}: the fastest config at ``m`` rows for each number of K slices (only ``slices``
     if > 0); ``time_config(cfg, m)`` times one (None where the launch refuses it)."""
     best: dict = {}
-    for cfg in configs_for(m, gated, k_pad, step, slices):
+    for cfg in configs_for(m, gated, k_pad, step, slices, counts=counts):
         t = time_config(cfg, m)
         if t is not None and (k_slices(cfg) not in best or t < best[k_slices(cfg)][0]):
             best[k_slices(cfg)] = (t, cfg)
@@ -182,10 +188,10 @@ def choose_slices(ms: list[int], timed: dict) -> int:
 
 
 def sweep_shape(time_config, ms: list[int], gated: bool, k_pad: int, step: int, candidates: int,
-                fixed_slices: int = 0) -> tuple[int, dict]:
+                fixed_slices: int = 0, counts=SLICE_COUNTS) -> tuple[int, dict]:
     """(the K slices chosen, ``timed``): M = 1 over every number of slices (or ``fixed_slices``), then the other M
     at the ``candidates`` fastest slice counts of M = 1 (``choose_slices`` picks among them)."""
-    first = best_by_slices(time_config, ms[0], gated, k_pad, step, fixed_slices)
+    first = best_by_slices(time_config, ms[0], gated, k_pad, step, fixed_slices, counts)
     ranked = sorted(first, key=lambda sl: first[sl][0])[:max(1, candidates)]
     timed = {ms[0]: {sl: first[sl] for sl in ranked}}
     for m in ms[1:]:
@@ -208,7 +214,7 @@ def behind_norm(xs: dict) -> dict:
 
 
 def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),), ms=None, candidates=2,
-          after_norm=False, keep_slices=False):
+          after_norm=False, keep_slices=False, counts=SLICE_COUNTS):
     torch.backends.cuda.matmul.allow_tf32 = False
     make, bpw, kernel, op, step = FORMATS[fmt]
     shapes = shapes or (SHAPES[:3] + [(28672, 8192)] if quick else SHAPES)
@@ -233,7 +239,7 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
             return t
 
         fixed = 0 if ms[0] == 1 and not keep_slices else table_slices(device, fmt, False, n, k, k_pad)
-        chosen, timed = sweep_shape(time_config, ms, False, k_pad, step, candidates, fixed)
+        chosen, timed = sweep_shape(time_config, ms, False, k_pad, step, candidates, fixed, counts)
         for m in ms:
             x = xs[m]
             t_bf16 = timed_calls(m, lambda i: torch.nn.functional.linear(x, wb[i % bcopies]))
@@ -276,7 +282,7 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
                 return None
 
         fixed = 0 if ms[0] == 1 and not keep_slices else table_slices(device, fmt, True, n, k, k_pad)
-        chosen, timed = sweep_shape(time_gated, ms, True, k_pad, step, candidates, fixed)
+        chosen, timed = sweep_shape(time_gated, ms, True, k_pad, step, candidates, fixed, counts)
         for m in ms:
             x = xs[m]
             t_bf16 = timed_calls(m, lambda i: torch.nn.functional.linear(x, wb[i % 4]))
@@ -345,6 +351,9 @@ def main():
     ap.add_argument("--slice-candidates", type=int, default=2, help="the fastest K-slice counts of M = 1 that every "
                                                                      "other M is swept at; the one best over all M "
                                                                      "is kept (default 2)")
+    ap.add_argument("--slice-counts", nargs="+", type=int, default=list(SLICE_COUNTS),
+                    help="the K-slice counts M = 1 is swept over (any count: a count that is not a power of two runs "
+                         "as split-K alone, e.g. 3 6 12 24 to fill a GPU's waves of blocks)")
     args = ap.parse_args()
     if args.print_table:
         print("\n".join(table_lines(args.print_table)))
@@ -365,7 +374,7 @@ def main():
     if not args.skip_sweep:
         for fmt in args.formats:
             sweep(device, report, args.quick, fmt, parse(args.shapes), parse(args.gated) or (), args.ms,
-                  args.slice_candidates, args.after_norm, args.keep_slices)
+                  args.slice_candidates, args.after_norm, args.keep_slices, tuple(args.slice_counts))
     report["seconds"] = time.time() - t0
     Path(args.out).write_text(json.dumps(report, indent=1))
 
