@@ -173,6 +173,15 @@ class Kernel:
                         f"allowing {nbytes} bytes of dynamic shared memory")
             self.smem_limit = nbytes
 
+    def blocks_per_sm(self, block: int, smem: int) -> int:
+        """How many blocks of ``block`` threads and ``smem`` dynamic shared bytes a multiprocessor holds at once (its
+        registers, shared memory and thread slots; the driver's occupancy calculator)."""
+        self.allow_shared_memory(smem)
+        blocks = ctypes.c_int()
+        _check_cuda(_cuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), self.function, block,
+                                                                        ctypes.c_size_t(smem)), "occupancy")
+        return blocks.value
+
     def launch(self, grid: tuple[int, int, int], block: int, smem: int, args: list, early: bool = False) -> None:
         self.allow_shared_memory(smem)
         keep, ptrs = [], []

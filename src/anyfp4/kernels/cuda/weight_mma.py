@@ -295,7 +295,7 @@ def plan_experts_launch(fmt: str, x: torch.Tensor, ids: torch.Tensor, codes: tor
     return replace(plan, out=out)
 
 
-def _planned(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
+def planned(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
              gscale: torch.Tensor, bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
              out: torch.Tensor | None, out_dtype: torch.dtype | None) -> tuple[Launch, "nvrtc.Kernel", bool]:
     """The launch of ``x``'s rows (<= DECODE_ROWS), the loaded kernel, and whether it launches early."""
@@ -313,7 +313,7 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
             out: torch.Tensor | None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``block_scales``: NVFP4's prepacked scale bytes (None for FP8); ``gscale``: NVFP4's one global scale, FP8's
     per-row scales; ``out_dtype``: x's dtype (default) or float32 (the sums unrounded)."""
-    plan, kernel, early = _planned(fmt, x, codes, block_scales, gscale, bias, n_rows, up_offset, config, out,
+    plan, kernel, early = planned(fmt, x, codes, block_scales, gscale, bias, n_rows, up_offset, config, out,
                                    out_dtype)
     kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
     return plan.out
@@ -359,7 +359,7 @@ def _launch_chunks(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales:
     out = torch.empty(x.shape[0], n_rows, dtype=out_dtype or x.dtype, device=x.device)
 
     def plan_for(rows: torch.Tensor, y: torch.Tensor):
-        plan, kernel, early = _planned(fmt, rows, codes, block_scales, gscale, bias, n_rows, up_offset,
+        plan, kernel, early = planned(fmt, rows, codes, block_scales, gscale, bias, n_rows, up_offset,
                                        config_for(rows.shape[0]), y, out_dtype)
         return plan, (kernel, early)
 
