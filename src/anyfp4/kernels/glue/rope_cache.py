@@ -8,9 +8,9 @@ the dims past rd pass through. q's result goes to a new (b, t, h, hd) tensor, k'
 ``input_pos``. Elementwise, so a row does not depend on the others.
 
 With per-head RMSNorm weights for q and k (Qwen3's q_norm / k_norm) each q and k head is first normalized as
-``rms_norm`` normalizes it — its sum of squares over the whole head reduced as that kernel reduces a row of head_dim
-(one warp, a block of next_power_of_2(head_dim)), ``w * (x * inv)`` rounded to q's dtype — and then rotated: the two
-launches of the norms are gone, and for head_dim <= 256 (where that kernel too runs one warp) the bits are theirs.
+``rms_norm`` normalizes it — the sum of squares over the whole head, ``w * (x * inv)`` rounded to q's dtype — and then
+rotated: the two launches of the norms are gone. The sum is reduced in this kernel's own order (within a rounding step
+of ``rms_norm``'s output; a head's bits depend on nothing but that head).
 """
 
 from __future__ import annotations
