@@ -40,7 +40,7 @@ SKIP_STAGE = STAGE + " if (1) { round_beg = s; round_end = min(s + round_steps, 
 
 
 def variant_source(name: str) -> str:
-    src = weight_mma._source()
+    src = weight_mma.source_text()
     if name == "no_wait":
         assert src.count(WAIT) == 1, "the source's griddepcontrol.wait moved"
         return src.replace(WAIT, "")

@@ -28,7 +28,7 @@ def report(sm: int, fp8: int, nt: int, mt: int, warps: int, depth: int, gated: i
     defines = dict(source_defines("fp8" if fp8 else "nvfp4", "bf16" if bf16 else "fp16"), FP8=fp8, NT=nt, MT=mt,
                    WARPS=warps, DEPTH=depth, BF16=bf16, GATED=gated, HAS_BIAS=bias, OUT_F32=0, EARLY=int(sm >= 90),
                    VEC_X=1, SPLIT=4, KW=kw, **weight_mma.arch_defines(sm))
-    log = nvrtc.ptxas_report(weight_mma._source(), weight_mma.KERNEL, sm, defines)
+    log = nvrtc.ptxas_report(weight_mma.source_text(), weight_mma.KERNEL, sm, defines)
     numbers = {key: int(m.group(1)) if (m := re.search(pattern, log)) else None for key, pattern in (
         ("registers", r"Used (\d+) registers"), ("spill_stores", r"(\d+) bytes spill stores"),
         ("spill_loads", r"(\d+) bytes spill loads"), ("stack", r"(\d+) bytes stack frame"))}

@@ -70,7 +70,7 @@ def main() -> None:
     if not nvrtc.compiler_available():
         raise SystemExit("NVRTC not found (pip install nvidia-cuda-nvrtc)")
     tool = disassembler(args.cuobjdump)
-    source = args.source.read_text() if args.source else weight_mma._source()
+    source = args.source.read_text() if args.source else weight_mma.source_text()
     rows, seen = [], set()
     for (sm, fmt, gated, k, n, m), c in sorted(builtin_mma_table().items(), key=str):
         sig = (fmt, gated, c.mt, c.warps, c.kw, c.depth, c.split_k > 1)

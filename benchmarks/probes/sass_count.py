@@ -89,7 +89,7 @@ def main() -> None:
     defines = dict(source_defines("fp8" if args.fp8 else "nvfp4", "fp16" if args.fp16 else "bf16"),
                    **weight_mma.arch_defines(90), EARLY=1, SPLIT=1, OUT_F32=0, FP8=int(args.fp8), NT=args.nt, MT=args.mt, WARPS=args.warps,
                    KW=args.kw, DEPTH=args.depth, BF16=int(not args.fp16), GATED=int(args.gated), HAS_BIAS=0, VEC_X=1)
-    cubin = nvrtc.compile_cubin(weight_mma._source(), weight_mma.KERNEL, 90, defines)
+    cubin = nvrtc.compile_cubin(weight_mma.source_text(), weight_mma.KERNEL, 90, defines)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()

@@ -119,7 +119,7 @@ def test_nvfp4_pair_decode_and_scale_are_exact():
 
 def test_decode_pair_is_the_kernels():
     """The torch port above is the source's decode_pair, line for line."""
-    src = weight_mma._source()
+    src = weight_mma.source_text()
     for line in ["if (p == 0) return (w << 2) & 0x81C081C0u;",
                  "if (p == 1) return (w << 6) & 0x81C081C0u;",
                  "if (p == 2) return __funnelshift_l(w, w, 12) & 0x81C081C0u;",
@@ -169,7 +169,7 @@ def test_fp8_pair_decode_is_exact():
 
 
 def test_fp8_pair_decode_is_the_kernels():
-    src = weight_mma._source()
+    src = weight_mma.source_text()
     for line in ["const u32 bits = p == 0 ? w & 0x87F087F0u",
                  ": ((w << 4) & 0x80F080F0u) | (__funnelshift_l(w, w, 12) & 0x07000700u);",
                  "if (p == 0) return ((w << 3) & 0x3F803F80u) | (w & 0x80008000u);",
@@ -201,7 +201,7 @@ VARIANTS = [  # (FP8, NT, MT, WARPS, DEPTH, BF16, GATED, HAS_BIAS): every value 
 def test_every_variant_compiles(sm):
     """Every flag value for every architecture (sm_75: the fp16 variants, two m16n8k8 mmas per product and staging
     through registers)."""
-    src = weight_mma._source()
+    src = weight_mma.source_text()
     for i, (fp8, nt, mt, warps, depth, bf16, gated, bias) in enumerate(VARIANTS):
         if bf16 and sm < weight_mma.ASYNC_SM:
             continue
@@ -244,7 +244,7 @@ def early_loads(fmt, gated, mt, warps, depth, kw, split):
     defines = dict(source_defines(fmt, "bf16"), FP8=int(fmt == "fp8"), NT=1, MT=mt, WARPS=warps, DEPTH=depth, BF16=1,
                    GATED=int(gated), HAS_BIAS=0, OUT_F32=0, EARLY=1, VEC_X=1, SPLIT=split, KW=kw,
                    **weight_mma.arch_defines(90))
-    return probe.before_wait(weight_mma._source(), defines, tool)
+    return probe.before_wait(weight_mma.source_text(), defines, tool)
 
 
 def cuda_12_nvrtc() -> str | None:
@@ -280,8 +280,8 @@ for i, (fp8, nt, mt, warps, depth, bf16, gated, bias) in enumerate({VARIANTS!r})
                    DEPTH=depth, BF16=0, GATED=gated, HAS_BIAS=bias, OUT_F32=i % 2, EARLY=0, VEC_X=int(i % 3 > 0),
                    SPLIT=(1, 2, 6, 8, 16)[i % 5], KW=(1, 2, 8, 4, 1, 8, 4, 1, 2, 1)[i], **weight_mma.arch_defines(70))
     assert defines["QUAD_PAIRS"] == 1
-    cubin = nvrtc.compile_cubin(weight_mma._source(), weight_mma.KERNEL, 70, defines)
-    log = nvrtc.ptxas_report(weight_mma._source(), weight_mma.KERNEL, 70, defines)
+    cubin = nvrtc.compile_cubin(weight_mma.source_text(), weight_mma.KERNEL, 70, defines)
+    log = nvrtc.ptxas_report(weight_mma.source_text(), weight_mma.KERNEL, 70, defines)
     spills = [int(n) for n in re.findall(r"(\\d+) bytes spill", log)]
     out.append([cubin[:4] == b"\\x7fELF", sum(spills)])
 print(json.dumps(out))
@@ -405,7 +405,7 @@ def test_fragment_loads_meet_no_bank_conflict(fmt):
             assert placed == step * 64 + (i // 4) * x_t + (i % 4) * x_q
         else:  # group i: thread t = i // 2's words q = 2 (i % 2), 2 (i % 2) + 1
             assert placed == step * 32 + (i // 2) * x_t + 2 * (i % 2) * x_q
-    assert "return (grp & ~15) * 4 + (grp & 3) * X_Q + ((grp >> 2) & 3) * X_T;" in weight_mma._source()
+    assert "return (grp & ~15) * 4 + (grp & 3) * X_Q + ((grp >> 2) & 3) * X_T;" in weight_mma.source_text()
 
 
 def test_heuristic_configs_fit_every_prepack():
@@ -466,7 +466,7 @@ def variant_gemm(fmt: str, sm: int):
         scales, gscale = (p.scales, p.global_scale) if fmt == "nvfp4" else (None, p.scales)
         plan = weight_mma.plan_launch(fmt, x, p.codes, scales, gscale, bias, p.out_features, p.up_offset, config,
                                       out, out_dtype, stage_bytes=stage_bytes, early=False, counters=counters, sm=sm)
-        kernel = nvrtc.load(weight_mma._source(), weight_mma.KERNEL, plan.defines, device, shared_memory=stage_bytes)
+        kernel = nvrtc.load(weight_mma.source_text(), weight_mma.KERNEL, plan.defines, device, shared_memory=stage_bytes)
         kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=False)
         return plan.out
 
@@ -705,6 +705,6 @@ def test_turings_variant_keeps_its_registers():
 
     defines = dict(source_defines("nvfp4", "fp16"), FP8=0, NT=1, MT=1, WARPS=8, DEPTH=4, BF16=0, GATED=1, HAS_BIAS=0,
                    OUT_F32=0, EARLY=0, VEC_X=1, SPLIT=4, KW=1, MMA_K8=1, ASYNC_COPY=0)
-    log = nvrtc.ptxas_report(weight_mma._source(), weight_mma.KERNEL, 75, defines)
+    log = nvrtc.ptxas_report(weight_mma.source_text(), weight_mma.KERNEL, 75, defines)
     assert "for 'sm_75'" in log and re.search(r"Used \d+ registers", log)
     assert "0 bytes spill stores, 0 bytes spill loads" in log

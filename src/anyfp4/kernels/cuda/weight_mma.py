@@ -56,7 +56,7 @@ KERNEL = "anyfp4_weight_mma"
 
 
 @functools.cache
-def _source() -> str:
+def source_text() -> str:
     return resources.files("anyfp4.kernels.cuda").joinpath("weight_mma.cu").read_text()
 
 
@@ -305,7 +305,7 @@ def planned(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
     counters = reserve_counters(x.device) if config.split_k > 1 else None
     plan = plan_launch(fmt, x, codes, block_scales, gscale, bias, n_rows, up_offset, config, out, out_dtype,
                        stage_bytes=stage_bytes, early=early, counters=counters, sm=device_arch(device)[0])
-    return plan, nvrtc.load(_source(), KERNEL, plan.defines, device, shared_memory=stage_bytes), early
+    return plan, nvrtc.load(source_text(), KERNEL, plan.defines, device, shared_memory=stage_bytes), early
 
 
 def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None, gscale: torch.Tensor,
@@ -326,7 +326,7 @@ def experts_mma(fmt: str, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tenso
     stage_bytes = min(STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
     plan = plan_experts_launch(fmt, x, ids, codes, block_scales, gscale, n_rows, up_offset, config, None,
                                stage_bytes=stage_bytes, sm=device_arch(device)[0])
-    kernel = nvrtc.load(_source(), KERNEL, plan.defines, device, shared_memory=stage_bytes)
+    kernel = nvrtc.load(source_text(), KERNEL, plan.defines, device, shared_memory=stage_bytes)
     kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=False)
     return plan.out
 
