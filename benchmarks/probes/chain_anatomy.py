@@ -10,6 +10,8 @@ kernel's source changed for the measurement only:
 - ``min_blocks3`` / ``4``: registers capped (``__launch_bounds__``) so that 3 / 4 blocks fit a multiprocessor;
 - ``no_decode``: NVFP4 code words fed to the mmas undecoded (no decode, no block scales: the instructions of a step
   but its loads and mmas), and with ``no_stage`` too;
+- ``no_mma``: the decoded halves and the activations folded into the sums by one integer xor and one add instead of
+  the two mmas of a word (the decode and loads kept, the tensor-core chain gone);
 - for scale, bf16 ``F.linear`` over a weight of the same bytes, and a device copy of half those bytes each way.
 
     PYTHONPATH=src python benchmarks/probes/chain_anatomy.py --out chain_anatomy.json [--shapes 4096x4096 ...]
@@ -32,7 +34,11 @@ from anyfp4.packing.nvfp4 import prepack_nvfp4
 
 MIN_BLOCKS = (("min_blocks3", True), ("min_blocks4", True))
 VARIANTS = (("base", True), ("no_early", False), ("no_wait", True), ("no_stage", True), ("no_decode", True),
-            ("no_decode_no_stage", True))
+            ("no_decode_no_stage", True), ("no_mma", True))
+MMAS = ("mma_k16(MMA_ACC(a, b), ha[0], hb[0], ha[1], hb[1], bx[b].x, bx[b].y);\n"
+        "                    mma_k16(MMA_ACC(a, b), ha[2], hb[2], ha[3], hb[3], bx[b].z, bx[b].w);")
+NO_MMAS = ("MMA_ACC(a, b)[0] += __uint_as_float(((ha[0] ^ hb[0] ^ ha[1] ^ hb[1] ^ ha[2] ^ hb[2] ^ ha[3] ^ hb[3])"
+           " ^ (bx[b].x ^ bx[b].y ^ bx[b].z ^ bx[b].w)) & 0x3f7fffffu);")
 BOUNDS = "__launch_bounds__(WARPS * 32)"
 WAIT = 'asm volatile("griddepcontrol.wait;" ::: "memory");'
 STAGE = "auto stage = [&](const int s) {"
@@ -52,6 +58,9 @@ def variant_source(name: str) -> str:
             line = f"h{p}[p] = mul2(decode_pair(v{p}, p), bs{p});"
             assert src.count(line) == 1, "the source's decode moved"
             src = src.replace(line, f"h{p}[p] = v{p} ^ (u32)p;")
+    if name == "no_mma":
+        assert src.count(MMAS) == 1, "the source's mmas moved"
+        src = src.replace(MMAS, NO_MMAS)
     if "no_stage" in name:
         assert src.count(STAGE) == 1, "the source's stage lambda moved"
         src = src.replace(STAGE, SKIP_STAGE)

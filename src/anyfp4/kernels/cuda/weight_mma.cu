@@ -101,12 +101,6 @@ static_assert(TILE_ROWS == 16 && TILE_WORDS == 16 && TILE_BLOCKS == 8, "the lane
 #ifndef QUAD_PAIRS
 #define QUAD_PAIRS 0
 #endif
-#ifndef ACC2
-#define ACC2 0  // two sets of sums (an experiment: probes/stream_pattern.py); not with sm_70's quad pairs
-#endif
-#if ACC2 && QUAD_PAIRS
-#error "ACC2 keeps the m16n8k16 sums"
-#endif
 #if (MMA_K8 || QUAD_PAIRS) && BF16
 #error "sm_70 / sm_75 tensor cores have no bf16 mma: fp16 activations only"
 #endif
@@ -486,25 +480,12 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #define MMA_ACC(a, b) acc[a][b]
 #define MMA_SUMS 4
 #endif
-#if ACC2
-    // a second set of sums for every other mma (NVFP4: each word's second; FP8: odd words), added to the first
-    // after the main loop: two chains of dependent mmas where one would be
-    float acc2[TILES][NT][4];
-#define MMA_ACC2(a, b) acc2[a][b]
-#else
-#define MMA_ACC2(a, b) MMA_ACC(a, b)
-#endif
 #pragma unroll
     for (int a = 0; a < TILES; ++a)
 #pragma unroll
         for (int b = 0; b < NT; ++b)
 #pragma unroll
-            for (int c = 0; c < MMA_SUMS; ++c) {
-                MMA_ACC(a, b)[c] = 0.0f;
-#if ACC2
-                acc2[a][b][c] = 0.0f;
-#endif
-            }
+            for (int c = 0; c < MMA_SUMS; ++c) MMA_ACC(a, b)[c] = 0.0f;
 
     // Per step s: codes cptr[a][s * W_STEP] (row g) and [s * W_STEP + W_B] (row g + 8) from a tile of 16 rows x
     // 16 words (NVFP4 128 k, FP8 64 k); NVFP4 scales sptr[a][s * S_STEP] (the bytes of row g, then row g + 8).
@@ -640,8 +621,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 const u32 a0 = decode_e4m3_pair(va, 0), a2 = decode_e4m3_pair(va, 1);
                 const u32 a1 = decode_e4m3_pair(vb, 0), a3 = decode_e4m3_pair(vb, 1);
 #pragma unroll
-                for (int b = 0; b < NT; ++b)
-                    mma_k16(q & 1 ? MMA_ACC2(a, b) : MMA_ACC(a, b), a0, a1, a2, a3, bx[b].x, bx[b].y);
+                for (int b = 0; b < NT; ++b) mma_k16(MMA_ACC(a, b), a0, a1, a2, a3, bx[b].x, bx[b].y);
             }
         }
 #else
@@ -664,7 +644,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #pragma unroll
                 for (int b = 0; b < NT; ++b) {
                     mma_k16(MMA_ACC(a, b), ha[0], hb[0], ha[1], hb[1], bx[b].x, bx[b].y);
-                    mma_k16(MMA_ACC2(a, b), ha[2], hb[2], ha[3], hb[3], bx[b].z, bx[b].w);
+                    mma_k16(MMA_ACC(a, b), ha[2], hb[2], ha[3], hb[3], bx[b].z, bx[b].w);
                 }
             }
         }
@@ -706,14 +686,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
             if (s0 + d < s_end) step(s0, d, x0);
     }
 
-#if ACC2
-#pragma unroll
-    for (int a = 0; a < TILES; ++a)
-#pragma unroll
-        for (int b = 0; b < NT; ++b)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[a][b][c] += acc2[a][b][c];
-#endif
 #if QUAD_PAIRS
 #pragma unroll
     for (int a = 0; a < TILES; ++a)
