@@ -233,6 +233,14 @@ inline void copy_16_bytes_async(unsigned* dst, const unsigned short* src, bool v
 }
 inline void copy_8_bytes_async(unsigned* dst, const unsigned short* src, bool valid) { copy_async(dst, src, valid, 8); }
 inline void wait_async_copies() {}
+inline void ring_copy_16(unsigned* dst, const uint4* src) {
+    copy_async(dst, reinterpret_cast<const unsigned short*>(src), true, 16);
+}
+inline void ring_copy_4(unsigned* dst, const unsigned* src) {
+    copy_async(dst, reinterpret_cast<const unsigned short*>(src), true, 4);
+}
+inline void ring_commit() {}
+inline void ring_wait_oldest() {}
 
 inline float act_to_float(unsigned short bits) {
     return BF16 ? host::bf16_to_float(bits) : host::half_to_float(bits);

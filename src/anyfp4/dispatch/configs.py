@@ -14,6 +14,7 @@ class MMAConfig:
     split_k: int = 1
     depth: int = 2  # main-loop steps of code words in flight per thread
     kw: int = 1  # warps along K per row tile (a power of two dividing warps): they add their sums in shared memory
+    shared_ring: int = 0  # 1: the ring of depth steps in shared memory (cp.async, sm_80+), not in registers
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,8 @@ def test_every_variant_compiles(sm):
         defines = dict(source_defines("fp8" if fp8 else "nvfp4", "bf16" if bf16 else "fp16"),
                        FP8=fp8, NT=nt, MT=mt, WARPS=warps, DEPTH=depth, BF16=bf16, GATED=gated, HAS_BIAS=bias,
                        OUT_F32=i % 2, EARLY=int(sm >= 90), VEC_X=int(i % 3 > 0), SPLIT=(1, 2, 6, 8, 16)[i % 5],
-                       KW=(1, 2, 8, 4, 1, 8, 4, 1, 2, 1)[i], **weight_mma.arch_defines(sm))
+                       KW=(1, 2, 8, 4, 1, 8, 4, 1, 2, 1)[i], **weight_mma.arch_defines(sm),
+                       SHARED_RING=int(sm >= weight_mma.ASYNC_SM and i % 2 == 0))
         cubin = nvrtc.compile_cubin(src, weight_mma.KERNEL, sm, defines)
         assert cubin[:4] == b"\x7fELF"
 
@@ -619,6 +620,33 @@ def test_k_warps_add_up_as_split_k_does_on_the_gpu(fmt):
         sums = run(x, p, None, spread, out_dtype=torch.float32)
         assert torch.equal(sums, run(x, p, None, alone, out_dtype=torch.float32)), (m, spread)
         assert sums.abs().max() > 0
+
+
+@gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_a_shared_ring_gives_the_register_rings_bits_on_the_gpu(fmt):
+    """On the device: the ring of code words in shared memory (cp.async) gives the float32 sums and the outputs of the
+    register ring with the same slices — plain, split-K, K warps, gated, one to four n8 tiles, early launch as
+    served; poisoned outputs all written."""
+    gen = torch.Generator(device="cuda").manual_seed(33)
+    n, k = 4096, 4096
+    if fmt == "nvfp4":
+        w, g, u = (nvfp4_weight(n, k, gen, torch.tensor(1e-3, device="cuda")) for _ in range(3))
+        p, pg, run = prepack_nvfp4(w), prepack_nvfp4_gated(g, u), weight_mma.nvfp4_mma_gemm
+    else:
+        w, g, u = (quantize_fp8(torch.randn(n, k, device="cuda", generator=gen), per_channel=True) for _ in range(3))
+        p, pg, run = prepack_fp8(w), prepack_fp8_gated(g, u), weight_mma.fp8_mma_gemm
+    for m, cfg in [(1, MMAConfig(1, 8, 1, 8)), (1, MMAConfig(1, 8, 16, 2)), (1, MMAConfig(1, 8, 2, 4, 4)),
+                   (4, MMAConfig(2, 8, 8, 4)), (16, MMAConfig(1, 4, 4, 4)), (32, MMAConfig(1, 8, 2, 2, 2))]:
+        ring = MMAConfig(cfg.mt, cfg.warps, cfg.split_k, cfg.depth, cfg.kw, shared_ring=1)
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        sums = run(x, p, None, ring, out_dtype=torch.float32)
+        assert torch.equal(sums, run(x, p, None, cfg, out_dtype=torch.float32)), (m, ring)
+        assert sums.abs().max() > 0
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        assert torch.equal(run(x, p, None, ring, out=out), run(x, p, None, cfg)), (m, ring)
+        if cfg.mt == 1 and m <= 16:
+            assert torch.equal(run(x, pg, None, ring), run(x, pg, None, cfg)), (m, ring)
 
 
 def test_a_sweep_file_overrides_the_launch_table(tmp_path, monkeypatch):

@@ -3,6 +3,8 @@
 launch family, split-K, gated, bias, float32 output, staging every pass, and the two-rank bits. The GPU tests
 (test_weight_mma.py) check the same on the device itself."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -126,3 +128,46 @@ def test_k_warps_add_up_as_split_k_does(fmt):
         assert torch.equal(sums, run(x, p, None, alone, out_dtype=torch.float32)), (m, spread)
         assert torch.equal(tight(x, p, None, spread, out_dtype=torch.float32), sums), (m, spread)
         assert torch.equal(run(x, pg, None, spread), run(x, pg, None, alone)), (m, spread)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_a_shared_ring_gives_the_register_rings_bits(fmt):
+    """The ring of code words in shared memory (cp.async, one commit group a step) instead of registers: the same
+    float32 sums bit for bit — every launch family, split-K, K warps, gated, staged once or every pass — and the
+    reference's values with poisoned outputs."""
+    gen = torch.Generator().manual_seed(31)
+    p, pg, (wd, gd, ud) = weights(fmt, gen)
+    run, tight = host_cuda.gemm(fmt), host_cuda.gemm(fmt, tight=True)
+    ran = 0
+    steps = p.codes.shape[1] * weight_mma.K_PER_WORD[fmt] // weight_mma.STEP_K[fmt]
+    k_warps = [c for c in (MMAConfig(1, 4, 1, 2, 2), MMAConfig(1, 8, 1, 2, 8)) if not weight_mma.k_warps_refusal(c, steps)]
+    for m, cfg in CASES + [(m, c) for m, c in zip((5, 9), k_warps)]:
+        ring = replace(cfg, shared_ring=1)
+        if weight_mma.least_shared_bytes(ring, m, True, fmt) > weight_mma.STAGE_BYTES:
+            continue  # 32 rows staged beside 8 warps' rings of 8 steps: more than a block gets (refused)
+        ran += 1
+        x = torch.randn(m, K, generator=gen).to(torch.bfloat16)
+        sums = run(x, p, None, ring, out_dtype=torch.float32)  # the float32 sums: bf16 would hide their last bits
+        assert torch.equal(sums, run(x, p, None, cfg, out_dtype=torch.float32)), (m, ring)
+        assert torch.equal(tight(x, p, None, ring, out_dtype=torch.float32), sums), (m, ring)
+        if cfg.mt * weight_mma.n_tiles_for(m) <= 2:
+            gated = replace(ring, mt=1, depth=min(cfg.depth, 4))
+            assert torch.equal(run(x, pg, None, gated), run(x, pg, None, replace(gated, shared_ring=0))), (m, gated)
+    assert ran >= 5 and k_warps
+    bias = torch.randn(N, generator=gen).to(torch.bfloat16)
+    fits = [(m, replace(c, shared_ring=1)) for m, c in CASES
+            if weight_mma.least_shared_bytes(replace(c, shared_ring=1), m, True, fmt) <= weight_mma.STAGE_BYTES]
+    check_kernel(run, p, pg, wd, gd, ud, bias, fits, gen)
+
+
+def test_a_shared_ring_needs_cp_async():
+    gen = torch.Generator().manual_seed(32)
+    p = prepack_nvfp4(nvfp4_weight(64, 256, gen, torch.tensor(1e-3), device="cpu"))
+    x = torch.randn(1, 256, generator=gen).to(torch.float16)
+    with pytest.raises(ValueError, match="a shared ring sm_80"):
+        host_cuda.gemm("nvfp4", sm=75)(x, p, None, MMAConfig(1, 4, 1, 2, shared_ring=1))
+    ring, plain = (weight_mma.plan_launch("nvfp4", x.to(torch.bfloat16), p.codes, p.scales, p.global_scale, None, 64,
+                                          0, MMAConfig(1, 4, 1, 2, shared_ring=r), None, None, stage_bytes=65536,
+                                          early=False, counters=None) for r in (1, 0))
+    assert ring.defines["SHARED_RING"] == 1 and plain.defines["SHARED_RING"] == 0
+    assert ring.shared_bytes == -(-plain.shared_bytes // 16) * 16 + 4 * 2 * 32 * 36  # 4 warps, 2 steps: 36 B a lane

@@ -72,7 +72,12 @@
 // SCALE_PERM_STEP, SCALE_MUL, SCALE_ADD, FP8_BF16_RESCALE, UNIT), which kernels/cuda/weight_mma_defines.py works out
 // from packing/layout.py and the formats. The k range staged per round (kc, a multiple of DEPTH steps) is a run-time
 // argument; dynamic shared memory holds KW * M * (kc / 2 + XS_PAD) words (each K warp's rows). Code words are loaded
-// DEPTH steps ahead into a ring of registers, across staging rounds. The main loop runs whole passes over the ring
+// DEPTH steps ahead into a ring of registers, across staging rounds; or, with SHARED_RING (sm_80+), into a ring in
+// shared memory past the staged activations (RING_SLOT words per tile and step: a lane's 16 code bytes of row g, of
+// row g + 8, and its 4 scale bytes, each lane reading back only what its own cp.async copies wrote), filled by
+// cp.async one commit group per step: the bytes in flight then hold no registers, so more warps fit a
+// multiprocessor (registers bound its warps; probes/stream_pattern.py). The staging then copies through registers,
+// so that waiting for it never waits for the ring. The main loop runs whole passes over the ring
 // (DEPTH steps, no per-step bounds or staging checks, the refills at fixed offsets), then a last partial pass.
 
 typedef unsigned int u32;
@@ -101,6 +106,15 @@ static_assert(TILE_ROWS == 16 && TILE_WORDS == 16 && TILE_BLOCKS == 8, "the lane
 #ifndef QUAD_PAIRS
 #define QUAD_PAIRS 0
 #endif
+#ifndef SHARED_RING
+#define SHARED_RING 0
+#endif
+#if SHARED_RING && !ASYNC_COPY
+#error "a shared-memory ring (SHARED_RING) is filled by cp.async: sm_80+"
+#endif
+// A shared-memory ring's words per tile and step: 32 lanes' 16 code bytes of row g and of row g + 8, then (NVFP4)
+// their 4 scale bytes.
+#define RING_SLOT (32 * 4 * 2 + (FP8 ? 0 : 32))
 #if (MMA_K8 || QUAD_PAIRS) && BF16
 #error "sm_70 / sm_75 tensor cores have no bf16 mma: fp16 activations only"
 #endif
@@ -214,6 +228,26 @@ __device__ __forceinline__ uint4 load_ring_words(const uint4* p) {
 __device__ __forceinline__ void ring_used(u32* slot, u32 seen) {
     asm volatile("st.volatile.shared.u32 [%0], %1;" :: "r"((u32)__cvta_generic_to_shared(slot)), "r"(seen) : "memory");
 }
+
+#if SHARED_RING
+// A shared-memory ring's copies: 16 code bytes and 4 scale bytes (cp.async, no registers held), one commit group a
+// step, and the wait for the oldest step's group (the DEPTH - 1 later steps' may still be in flight).
+__device__ __forceinline__ void ring_copy_16(u32* dst, const uint4* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"((u32)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void ring_copy_4(u32* dst, const u32* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;"
+                 :: "r"((u32)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void ring_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+__device__ __forceinline__ void ring_wait_oldest() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(DEPTH - 1) : "memory");
+}
+#endif
 
 __device__ __forceinline__ u16 float_to_out(float f) {
     u16 h;
@@ -508,20 +542,42 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const int S_STEP = TILE_ROWS * TILE_BLOCKS / 4;
 
     // Register ring of DEPTH steps: slot d holds step s0 + d; after its mmas it is refilled with step s0 + d + DEPTH.
+    // With SHARED_RING the slots are in shared memory (this warp's, past the staged activations and the K warps'
+    // sums) and wa / wb / sw hold only the step being computed, read from its slot at the step's start.
     uint4 wa[DEPTH][TILES], wb[DEPTH][TILES];
     u32 sw[DEPTH][TILES];
+#if SHARED_RING
+    const int staged_words = KW * M * xs_stride, red_words = (WARPS / KW) * (KW - 1) * TILES * NT * 4 * 32;
+    u32* const ring = xs + ((max(staged_words, red_words) + 3) & ~3) + warp * (DEPTH * TILES * RING_SLOT);
+    auto ring_fill = [&](const int d, const int a, const uint4* c, const u32* sc) {  // this lane's copies of a step
+        u32* slot = ring + (d * TILES + a) * RING_SLOT;
+        ring_copy_16(slot + fl * 4, c);
+        ring_copy_16(slot + 128 + fl * 4, c + W_B);
+#if !FP8
+        ring_copy_4(slot + 256 + fl, sc);
+#endif
+    };
+#endif
 #pragma unroll
-    for (int d = 0; d < DEPTH; ++d)
+    for (int d = 0; d < DEPTH; ++d) {
 #pragma unroll
         for (int a = 0; a < TILES; ++a)
             if (s_beg + d < s_end) {  // before the wait (load_ring_words)
                 const int s = s_beg + d;
+#if SHARED_RING
+                ring_fill(d, a, cptr[a] + s * W_STEP, FP8 ? nullptr : sptr[a] + s * S_STEP);
+#else
                 wa[d][a] = load_ring_words(cptr[a] + s * W_STEP);
                 wb[d][a] = load_ring_words(cptr[a] + s * W_STEP + W_B);
 #if !FP8
                 sw[d][a] = sptr[a][s * S_STEP];
 #endif
+#endif
             }
+#if SHARED_RING
+        ring_commit();  // one group a step, empty or not: wait_group counts steps
+#endif
+    }
 
     // The refills of one pass over the ring (steps s0 + DEPTH .. s0 + 2 DEPTH - 1) read at fixed offsets from
     // these pointers, advanced once per pass.
@@ -533,7 +589,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #endif
     }
 
-#if EARLY && FP8
+#if EARLY && FP8 && !SHARED_RING
     {
         u32 seen = 0;  // every word of the first fill (slots past the block's steps were never loaded: left out)
 #pragma unroll
@@ -566,7 +622,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         const int c1 = min(s + round_steps, s_end);
         const int groups = (c1 - s) * (STEP / 8), total = KW * M * groups;
         __syncthreads();
-#if VEC_X
+#if VEC_X && SHARED_RING
+        // through registers: a cp.async wait here would wait for the ring's copies too
+        for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
+            int k;
+            u32* dst = round_group(s, idx, groups, k);
+            const u16* xr = x + (long long)((idx / groups) % M) * stride_xm;
+            store_group(dst, permute_group(k < K ? load_group(reinterpret_cast<const u32*>(xr + k))
+                                                 : make_uint4(0u, 0u, 0u, 0u)));
+        }
+#elif VEC_X
         {
             for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
                 int k;
@@ -609,6 +674,18 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     // Step d of the pass starting at s0 (x0: its staged activations, relative to xrow); then refill ring slot d.
     auto step = [&](const int s0, const int d, const int x0) {
         const int xoff = x0 + d * (STEP / 2);
+#if SHARED_RING
+        ring_wait_oldest();  // this step's copies have landed
+#pragma unroll
+        for (int a = 0; a < TILES; ++a) {
+            const u32* slot = ring + (d * TILES + a) * RING_SLOT;
+            wa[d][a] = *reinterpret_cast<const uint4*>(slot + fl * 4);
+            wb[d][a] = *reinterpret_cast<const uint4*>(slot + 128 + fl * 4);
+#if !FP8
+            sw[d][a] = slot[256 + fl];
+#endif
+        }
+#endif
 #if FP8
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // word q: one mma per row pair
@@ -652,13 +729,20 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         if (s0 + d + DEPTH < s_end) {
 #pragma unroll
             for (int a = 0; a < TILES; ++a) {
+#if SHARED_RING
+                ring_fill(d, a, cptr[a] + d * W_STEP, FP8 ? nullptr : sptr[a] + d * S_STEP);
+#else
                 wa[d][a] = cptr[a][d * W_STEP];
                 wb[d][a] = cptr[a][d * W_STEP + W_B];
 #if !FP8
                 sw[d][a] = sptr[a][d * S_STEP];
 #endif
+#endif
             }
         }
+#if SHARED_RING
+        ring_commit();
+#endif
     };
     auto advance = [&]() {
 #pragma unroll

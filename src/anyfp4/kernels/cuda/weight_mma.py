@@ -96,10 +96,16 @@ def reduction_bytes(c: MMAConfig, m: int, gated: bool) -> int:
     return c.warps // c.kw * (c.kw - 1) * tiles * n_tiles_for(m) * 4 * 32 * 4
 
 
+def ring_bytes(c: MMAConfig, gated: bool, fmt: str) -> int:
+    """A shared ring's bytes (none in registers): per warp, step and tile 32 lanes' 32 code bytes (+ 4 scale bytes)."""
+    return c.shared_ring * c.warps * c.depth * c.mt * (2 if gated else 1) * 32 * (32 if fmt == "fp8" else 36)
+
+
 def shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str, kc: int) -> int:
     """Dynamic shared memory of a block of config ``c`` staging ``kc`` k per round: each K warp's rows, or what
-    its K warps meet in, where more."""
-    return max(c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated))
+    its K warps meet in, where more; then its shared ring (16-byte aligned, as weight_mma.cu places it)."""
+    staged = max(c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated))
+    return -(-staged // 16) * 16 + ring_bytes(c, gated, fmt)
 
 
 def least_shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str) -> int:
@@ -163,9 +169,8 @@ def _warn_once(message: str) -> None:
 
 @dataclass
 class Launch:
-    """One kernel launch, worked out from the tensors: the source's compile-time defines (``source_defines``'s and
-    the launch's own), grid, block threads, dynamic shared memory, and the kernel's arguments in order (tensors,
-    then integers)."""
+    """One kernel launch worked out from the tensors: the source's defines (``source_defines``'s and the launch's),
+    grid, block threads, dynamic shared memory, the kernel's arguments in order (tensors, then integers)."""
     defines: dict
     grid: tuple
     threads: int
@@ -208,7 +213,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     if refusal:
         raise ValueError(f"{refusal} of K = {k_pad}")
     least = c.depth * STEP_K[fmt]  # the kernel stages at the start of a pass only
-    kc = stage_k(m, stage_bytes // c.kw, least, fmt)
+    kc = stage_k(m, max(0, stage_bytes - ring_bytes(c, up_offset > 0, fmt)) // c.kw, least, fmt)
     slice_k = -(-steps // k_slices(c)) * STEP_K[fmt]  # the longest slice: one round covers it
     while kc // 2 >= max(least, slice_k):
         kc //= 2
@@ -224,11 +229,12 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     if not fits_arch(sm, c.mt, n_tiles_for(m), gated):
         raise ValueError(f"on sm_{sm} a launch of {c.mt} m16 tiles per warp{' (gated: twice)' if gated else ''} "
                          f"for {m} rows keeps more than {QUAD_PAIR_SUMS} sums per thread: give it fewer tiles")
-    if early and sm < 90:
-        raise ValueError("an early (programmatic dependent) launch needs sm_90+")
+    if early and sm < 90 or c.shared_ring and sm < ASYNC_SM:
+        raise ValueError(f"an early launch needs sm_90+, a shared ring sm_{ASYNC_SM}+ (sm_{sm}: early {early}, {c})")
     defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), **arch_defines(sm),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
+                   SHARED_RING=c.shared_ring,
                    GATED=int(gated), HAS_BIAS=int(bias is not None), EXPERTS=int(experts is not None),
                    VEC_X=int(x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0))  # cp.async staging
     if out is None:
@@ -256,9 +262,8 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
 
 @dataclass(frozen=True)
 class ExpertPairs:
-    """A grouped expert launch's pairs: ``ids`` (pairs,) int32, the expert of each; ``pairs_per_row``: pair p reads
-    activation row p // pairs_per_row; from one expert's prepack to the next: ``codes_stride`` (uint4),
-    ``scales_stride`` (2-byte units), ``gscale_stride`` (floats)."""
+    """A grouped expert launch's pairs: ``ids`` (pairs,) int32, each one's expert; pair p reads activation row
+    p // ``pairs_per_row``; one expert's prepack to the next: codes (uint4), scales (2 bytes), gscale (floats)."""
     ids: torch.Tensor
     pairs_per_row: int
     codes_stride: int
