@@ -29,6 +29,10 @@
 #                                            # parts of its source cut out (probes/chain_floor.py, chain_anatomy.py)
 #   bash benchmarks/gpu_session.sh counters  # Nsight Compute on the decode kernel at M = 1 (probes/kernel_counters.py):
 #                                            # NVFP4 and FP8 of large shapes, pipes, stalls, occupancy, DRAM
+#   bash benchmarks/gpu_session.sh ring      # the shared-memory ring (MMAConfig.shared_ring): its GPU tests, the
+#                                            # table's configs against shared rings (probes/shared_ring.py)
+#   bash benchmarks/gpu_session.sh ringsweep # a sweep with shared rings (SHAPES, GATED, MS), then bench (ARCH, FORMAT)
+#                                            # with it as ANYFP4_MMA_TABLE and with the built-in table
 # Each step has its own time limit so one slow step cannot eat the whole lease.
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
@@ -208,6 +212,26 @@ Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit Reg|Grid Size
 One or More Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued)" "$OUT/$name.txt" | sed 's/  */ /g'
         grep -E "stalled_.*ratio|pipe_.*pct" "$OUT/$name.txt" | awk '$NF+0 > 0.05' | sed 's/  */ /g' | sort -k3 -n -r | head -14
         timeout 60 python3 benchmarks/probes/kernel_counters.py --format $1 --shape $2 "${@:3}" --time 2>&1 | tail -1
+    done
+    ;;
+ring)
+    timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/cuda/test_weight_mma.py -k "shared_ring" \
+        2>&1 | tail -3 | tee "$OUT/pytest_ring.txt"
+    (cd benchmarks/probes && timeout 240 python3 shared_ring.py ${COMMIT:+--commit $COMMIT} --out "$OUT/shared_ring.json" \
+        2>&1 | grep -v Warn)
+    ;;
+ringsweep)
+    # a sweep with shared rings (SHAPES / GATED: NxK lists, default Qwen3.5-27B's NVFP4 layers; MS: the M buckets),
+    # then bench with it as ANYFP4_MMA_TABLE against the built-in table (ARCH: bench's --random-weights, FORMAT)
+    timeout 300 python3 benchmarks/probes/mma_sweep.py --skip-check --shared-ring --ms ${MS:-1 4} --formats nvfp4 \
+        --shapes ${SHAPES:-5120x17408} --gated ${GATED:-17408x5120} --out "$OUT/sweep_ring.json" 2>&1 \
+        | grep -E "m=|copy"
+    for table in "$OUT/sweep_ring.json" ""; do
+        ANYFP4_MMA_TABLE="$table" timeout 200 python3 -m anyfp4 bench --random-weights ${ARCH:-qwen3.5-27b} --json \
+            --format ${FORMAT:-mixed} > "$OUT/bench_ring${table:+_swept}.json" 2> "$OUT/bench_ring${table:+_swept}.err"
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); r=r if isinstance(r, list) else [r]
+[print(x['model'], 'decode', round(x['decode_tok_s'], 1), 'sha', x['sha256'][:16]) for x in r]" \
+            "$OUT/bench_ring${table:+_swept}.json" || tail -3 "$OUT/bench_ring${table:+_swept}.err"
     done
     ;;
 prefill)
