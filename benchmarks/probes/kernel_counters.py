@@ -15,6 +15,7 @@ counters.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 import torch
 
@@ -32,6 +33,29 @@ def make(fmt: str, n: int, k: int, gated: bool, device, gen):
         return prepack_nvfp4_gated(w(), w()) if gated else prepack_nvfp4(w())
     w = lambda: random_fp8(n, k, device, generator=gen, per_channel=True)  # noqa: E731
     return prepack_fp8_gated(w(), w()) if gated else prepack_fp8(w())
+
+
+@dataclass
+class Layer:
+    """A probe's layer from ``format[:gated]:NxK``: rotated prepack copies of random weights (together over
+    ROTATE_BYTES, so graph replays read them from DRAM), their bytes each, and K padded to the prepack."""
+    fmt: str
+    gated: bool
+    n: int
+    k: int
+    copies: list
+    nbytes: int
+    k_pad: int
+
+
+def layer(spec: str, device, gen) -> Layer:
+    fmt, *rest = spec.split(":")
+    gated = rest[0] == "gated"
+    n, k = (int(v) for v in rest[-1].split("x"))
+    copies = [make(fmt, n, k, gated, device, gen)]
+    nbytes = sum(t.numel() * t.element_size() for t in (copies[0].codes, copies[0].scales))
+    copies += [make(fmt, n, k, gated, device, gen) for _ in range(max(1, ROTATE_BYTES // nbytes) - 1)]
+    return Layer(fmt, gated, n, k, copies, nbytes, copies[0].codes.shape[1] * (8 if fmt == "nvfp4" else 4))
 
 
 def call(fmt: str, x, p, gated: bool):

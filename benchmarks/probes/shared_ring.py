@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from anyfp4.bench.timing import ROTATE_BYTES, copy_bandwidth, graph_seconds
+from anyfp4.bench.timing import copy_bandwidth, graph_seconds
 from anyfp4.dispatch.tuning import mma_config
 from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, nvfp4_mma_gemm
-from kernel_counters import make
+from kernel_counters import layer
 from wave_fit import occupancy
 
 LAYERS = ("nvfp4:28672x8192", "nvfp4:gated:17408x5120", "nvfp4:5120x17408", "fp8:12288x5120", "nvfp4:4096x4096",
@@ -46,14 +46,10 @@ def main() -> None:
               "layers": []}
     print(f"copy {report['copy_tbps']:.2f} TB/s", flush=True)
     for spec in args.layers:
-        fmt, *rest = spec.split(":")
-        gated = rest[0] == "gated"
-        n, k = (int(v) for v in rest[-1].split("x"))
-        copies = [make(fmt, n, k, gated, device, gen)]
-        nbytes = sum(t.numel() * t.element_size() for t in (copies[0].codes, copies[0].scales))
-        copies += [make(fmt, n, k, gated, device, gen) for _ in range(max(1, ROTATE_BYTES // nbytes) - 1)]
+        lay = layer(spec, device, gen)
+        fmt, gated, n, k, copies, nbytes, k_pad = (lay.fmt, lay.gated, lay.n, lay.k, lay.copies, lay.nbytes,
+                                                   lay.k_pad)
         kernel = nvfp4_mma_gemm if fmt == "nvfp4" else fp8_mma_gemm
-        k_pad = copies[0].codes.shape[1] * (8 if fmt == "nvfp4" else 4)
         for m in args.ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
             table = mma_config(sm, sms, fmt, gated, n, k, k_pad, m)

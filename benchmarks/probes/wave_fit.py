@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from anyfp4.bench.timing import ROTATE_BYTES, copy_bandwidth, graph_seconds
+from anyfp4.bench.timing import copy_bandwidth, graph_seconds
 from anyfp4.dispatch.tuning import mma_config
 from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, nvfp4_mma_gemm, planned
-from kernel_counters import make
+from kernel_counters import layer
 
 LAYERS = ("nvfp4:5120x17408", "nvfp4:gated:17408x5120", "fp8:12288x5120", "fp8:5120x4096", "nvfp4:28672x8192",
           "nvfp4:4096x4096")
@@ -51,15 +51,11 @@ def main() -> None:
     report = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "sms": sms,
               "copy_tbps": copy_bandwidth(device) / 1e12, "layers": []}
     for spec in args.layers:
-        fmt, *rest = spec.split(":")
-        gated = rest[0] == "gated"
-        n, k = (int(v) for v in rest[-1].split("x"))
-        copies = [make(fmt, n, k, gated, device, gen)]
-        nbytes = sum(t.numel() * t.element_size() for t in (copies[0].codes, copies[0].scales))
-        copies += [make(fmt, n, k, gated, device, gen) for _ in range(max(1, ROTATE_BYTES // nbytes) - 1)]
+        lay = layer(spec, device, gen)
+        fmt, gated, n, k, copies, nbytes, k_pad = (lay.fmt, lay.gated, lay.n, lay.k, lay.copies, lay.nbytes,
+                                                   lay.k_pad)
         x = torch.randn(1, k, dtype=torch.bfloat16, device=device)
         kernel = nvfp4_mma_gemm if fmt == "nvfp4" else fp8_mma_gemm
-        k_pad = copies[0].codes.shape[1] * (8 if fmt == "nvfp4" else 4)
         base = mma_config(sm, sms, fmt, gated, n, k, k_pad, 1)
         rows = []
         for split in [0, *args.splits]:  # 0: the table's config as it is
