@@ -623,13 +623,24 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         const int groups = (c1 - s) * (STEP / 8), total = KW * M * groups;
         __syncthreads();
 #if VEC_X && SHARED_RING
-        // through registers: a cp.async wait here would wait for the ring's copies too
-        for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
-            int k;
-            u32* dst = round_group(s, idx, groups, k);
-            const u16* xr = x + (long long)((idx / groups) % M) * stride_xm;
-            store_group(dst, permute_group(k < K ? load_group(reinterpret_cast<const u32*>(xr + k))
-                                                 : make_uint4(0u, 0u, 0u, 0u)));
+        // through registers (a cp.async wait here would wait for the ring's copies too), STAGE_BATCH groups a thread
+        // loaded before any is stored, so that their round trips overlap (2: no register more than one at a time;
+        // 4 or 8 raised the kernel's count from 48 to 60 / 88)
+        constexpr int STAGE_BATCH = 2;
+        for (int first = threadIdx.x; first < total; first += STAGE_BATCH * WARPS * 32) {
+            uint4 v[STAGE_BATCH];
+            u32* dst[STAGE_BATCH];
+#pragma unroll
+            for (int j = 0; j < STAGE_BATCH; ++j) {
+                const int idx = first + j * WARPS * 32;
+                int k = K;
+                dst[j] = idx < total ? round_group(s, idx, groups, k) : nullptr;
+                const u16* xr = x + (long long)((idx / groups) % M) * stride_xm;
+                v[j] = k < K ? load_group(reinterpret_cast<const u32*>(xr + k)) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int j = 0; j < STAGE_BATCH; ++j)
+                if (dst[j]) store_group(dst[j], permute_group(v[j]));
         }
 #elif VEC_X
         {
