@@ -645,7 +645,7 @@ def test_a_shared_ring_gives_the_register_rings_bits_on_the_gpu(fmt):
         assert sums.abs().max() > 0
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         assert torch.equal(run(x, p, None, ring, out=out), run(x, p, None, cfg)), (m, ring)
-        if cfg.mt == 1 and m <= 16:
+        if cfg.mt == 1 and m <= 16 and cfg.depth <= 4:  # a gated ring of 8 is more shared memory than a block gets
             assert torch.equal(run(x, pg, None, ring), run(x, pg, None, cfg)), (m, ring)
 
 
