@@ -97,11 +97,13 @@ def test_head_norms_in_the_launch_give_the_norm_kernels_bits(device, dtype, b, t
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=4e-3, atol=4e-3)
     torch.testing.assert_close(got.float(), want.float(), **tol)
     torch.testing.assert_close(caches[0][:, :, 3:3 + t].float(), caches[4][:, :, 3:3 + t].float(), **tol)
-    step = dict(rtol=2 ** -7, atol=1e-3) if dtype == torch.bfloat16 else dict(rtol=2 ** -10, atol=1e-4)
-    torch.testing.assert_close(got, two, **step)  # the two launches' values, to a rounding step
-    torch.testing.assert_close(caches[0][:, :, 3:3 + t], caches[2][:, :, 3:3 + t], **step)
-    if not got.is_cuda:
-        assert torch.equal(got, two) and torch.equal(caches[0][:, :, 3:3 + t], caches[2][:, :, 3:3 + t])
+    # the two launches' values to a rounding step of the normalized values (their sums of squares reduced in another
+    # order), rotated; in the interpreter bit for bit
+    eps = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    for ours, theirs in ((got, two), (caches[0][:, :, 3:3 + t], caches[2][:, :, 3:3 + t])):
+        assert (ours.float() - theirs.float()).abs().max() <= 4 * eps * theirs.float().abs().max()
+        if not got.is_cuda:
+            assert torch.equal(ours, theirs)
     assert not torch.allclose(got.float(), rope_cache_reference(q, k, v, cos, sin, caches[4].clone(),
                                                                 caches[5].clone(), pos).float(), **tol)
 
