@@ -41,3 +41,17 @@ def test_with_one_candidate_m_1_decides(sweep):
 def test_a_tie_goes_to_m_1(sweep):
     timed = {1: {8: (2.0, None), 16: (1.0, None)}, 8: {8: (1.0, None), 16: (2.0, None)}}
     assert sweep.choose_slices([1, 8], timed) == 16
+
+
+def test_shared_rings_are_swept_without_the_register_limits(sweep):
+    """``--shared-ring``: shared-memory rings of every depth beside one m16 tile or two (their depth costs no
+    registers), never four tiles; without it, register rings alone; any K-slice counts (``--slice-counts``)."""
+    plain = list(sweep.configs_for(1, False, 8192))
+    both = list(sweep.configs_for(1, False, 8192, rings=(0, 1), counts=(1, 3, 16)))
+    assert all(c.shared_ring == 0 for c in plain)
+    rings = [c for c in both if c.shared_ring]
+    assert rings and all(c.mt in (1, 2) for c in rings)
+    assert any(c.depth == 8 and c.mt == 2 for c in rings)  # a register ring of 8 takes one tile only
+    assert not any(c.depth == 8 and c.mt == 2 for c in both if not c.shared_ring)
+    assert {c.split_k * c.kw for c in both} == {1, 3, 16}
+    assert not any(c.kw > 1 and c.split_k * c.kw == 3 for c in both)  # K warps need powers of two
