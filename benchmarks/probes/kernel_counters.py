@@ -15,7 +15,7 @@ counters.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -35,8 +35,7 @@ def make(fmt: str, n: int, k: int, gated: bool, device, gen):
     return prepack_fp8_gated(w(), w()) if gated else prepack_fp8(w())
 
 
-@dataclass
-class Layer:
+class Layer(NamedTuple):
     """A probe's layer from ``format[:gated]:NxK``: rotated prepack copies of random weights (together over
     ROTATE_BYTES, so graph replays read them from DRAM), their bytes each, and K padded to the prepack."""
     fmt: str

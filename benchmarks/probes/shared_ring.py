@@ -46,9 +46,7 @@ def main() -> None:
               "layers": []}
     print(f"copy {report['copy_tbps']:.2f} TB/s", flush=True)
     for spec in args.layers:
-        lay = layer(spec, device, gen)
-        fmt, gated, n, k, copies, nbytes, k_pad = (lay.fmt, lay.gated, lay.n, lay.k, lay.copies, lay.nbytes,
-                                                   lay.k_pad)
+        fmt, gated, n, k, copies, nbytes, k_pad = layer(spec, device, gen)
         kernel = nvfp4_mma_gemm if fmt == "nvfp4" else fp8_mma_gemm
         for m in args.ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device=device)

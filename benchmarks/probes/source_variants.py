@@ -42,9 +42,7 @@ def main() -> None:
     gen = torch.Generator(device=device).manual_seed(0)
     report = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "rows": []}
     for spec in args.layers:
-        lay = layer(spec, device, gen)
-        fmt, gated, n, k, copies, nbytes, k_pad = (lay.fmt, lay.gated, lay.n, lay.k, lay.copies, lay.nbytes,
-                                                   lay.k_pad)
+        fmt, gated, n, k, copies, nbytes, k_pad = layer(spec, device, gen)
         nv = fmt == "nvfp4"
         for m in args.ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device=device)

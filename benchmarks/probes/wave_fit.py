@@ -51,9 +51,7 @@ def main() -> None:
     report = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "sms": sms,
               "copy_tbps": copy_bandwidth(device) / 1e12, "layers": []}
     for spec in args.layers:
-        lay = layer(spec, device, gen)
-        fmt, gated, n, k, copies, nbytes, k_pad = (lay.fmt, lay.gated, lay.n, lay.k, lay.copies, lay.nbytes,
-                                                   lay.k_pad)
+        fmt, gated, n, k, copies, nbytes, k_pad = layer(spec, device, gen)
         x = torch.randn(1, k, dtype=torch.bfloat16, device=device)
         kernel = nvfp4_mma_gemm if fmt == "nvfp4" else fp8_mma_gemm
         base = mma_config(sm, sms, fmt, gated, n, k, k_pad, 1)

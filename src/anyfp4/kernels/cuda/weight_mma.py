@@ -105,7 +105,7 @@ def shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str, kc: int) -> int:
     """Dynamic shared memory of a block of config ``c`` staging ``kc`` k per round: each K warp's rows, or what
     its K warps meet in, where more; then its shared ring (16-byte aligned, as weight_mma.cu places it)."""
     staged = max(c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated))
-    return -(-staged // 16) * 16 + ring_bytes(c, gated, fmt)
+    return -(-staged // 16) * 16 + ring_bytes(c, gated, fmt) if c.shared_ring else staged
 
 
 def least_shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str) -> int:
