@@ -202,7 +202,7 @@ def sweep_shape(time_config, ms: list[int], gated: bool, k_pad: int, step: int, 
     for m in ms[1:]:
         timed[m] = {}
         for sl in ranked:
-            timed[m].update(best_by_slices(time_config, m, gated, k_pad, step, sl))
+            timed[m].update(best_by_slices(time_config, m, gated, k_pad, step, sl, rings=rings))
     return choose_slices(ms, timed), timed
 
 

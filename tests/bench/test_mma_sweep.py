@@ -55,3 +55,14 @@ def test_shared_rings_are_swept_without_the_register_limits(sweep):
     assert not any(c.depth == 8 and c.mt == 2 for c in both if not c.shared_ring)
     assert {c.split_k * c.kw for c in both} == {1, 3, 16}
     assert not any(c.kw > 1 and c.split_k * c.kw == 3 for c in both)  # K warps need powers of two
+
+
+def test_every_m_is_swept_with_shared_rings_too(sweep):
+    """With shared rings asked for, the M > 1 buckets time them as M = 1 does (not register rings alone)."""
+    seen = []
+
+    def time_config(cfg, m):
+        seen.append((m, cfg.shared_ring))
+        return 1.0 + 1e-9 * cfg.depth * cfg.warps
+    sweep.sweep_shape(time_config, [1, 16], False, 4096, 128, candidates=1, rings=(0, 1))
+    assert {(1, 0), (1, 1), (16, 0), (16, 1)} <= set(seen)
