@@ -5,7 +5,6 @@ the arguments the real launcher works out (``weight_mma.plan_launch``) on CPU te
 from __future__ import annotations
 
 import ctypes
-from dataclasses import replace
 import functools
 import hashlib
 import shutil
@@ -76,12 +75,12 @@ def run(plan: weight_mma.Launch) -> torch.Tensor:
     return plan.out
 
 
-def gemm(fmt: str, tight: bool = False, sm: int = weight_mma.ASYNC_SM, extra: dict | None = None):
+def gemm(fmt: str, tight: bool = False, sm: int = weight_mma.ASYNC_SM):
     """A CPU stand-in for ``nvfp4_mma_gemm`` / ``fp8_mma_gemm`` (same arguments) that runs the kernel's source;
     ``tight``: give a block only the shared memory of one pass over its ring (for each K warp; or what its K warps
     meet in, where more), so it stages activations every pass (else the H200's ``STAGE_BYTES``); ``sm``: the
     architecture's variant (75: two m16n8k8 mmas per product, staging through registers). Checks that the split-K
-    counters are left at zero. ``extra``: defines added to every launch's (a variant of the source)."""
+    counters are left at zero."""
 
     def call(x, p, bias, config, out=None, out_dtype=None):
         counters = torch.zeros(1024, dtype=torch.int32)
@@ -91,7 +90,7 @@ def gemm(fmt: str, tight: bool = False, sm: int = weight_mma.ASYNC_SM, extra: di
         plan = weight_mma.plan_launch(fmt, x, p.codes, scales, gscale, bias, p.out_features, p.up_offset, config,
                                       out, out_dtype, stage_bytes=stage_bytes, early=False, counters=counters,
                                       sm=sm)
-        y = run(replace(plan, defines={**plan.defines, **(extra or {})}))
+        y = run(plan)
         assert not counters.any(), "split-K counters not reset"
         return y
 
