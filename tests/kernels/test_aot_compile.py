@@ -163,11 +163,12 @@ def support_kernels_compile(cc):
                     **{n: "i32" for n in ("T", "H", "HALF", "HD", "sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b",
                                           "sv_t", "sv_h", "sc_b", "sc_t", "sqo_b", "sqo_t", "sqo_h", "skc_b",
                                           "skc_h", "skc_s", "svc_b", "svc_h", "svc_s")}}
-        # full rotary with and without Qwen3's head norms (weights of the activations' dtype), and Qwen3.5's quarter of
-        # a 256-wide head with its zero-centred (float32) ones
-        for block, block_hd, norm_w in ((64, 128, None), (64, 128, act), (32, 256, "fp32")):
-            sig = {**rope_sig, "qw_ptr": f"*{norm_w or act}", "kw_ptr": f"*{norm_w or act}", "eps": "fp32"}
-            compile_for(rope_cache_kernel, sig, {"BLOCK": block, "BLOCK_HD": block_hd, "NORM": norm_w is not None,
+        # full rotary with and without Qwen3's head norms (weights of the activations' dtype), Qwen3.5's quarter of
+        # a 256-wide head with its zero-centred (float32) ones, and q / k weights of two dtypes
+        for block, block_hd, qw, kw in ((64, 128, None, None), (64, 128, act, act), (32, 256, "fp32", "fp32"),
+                                        (32, 64, "fp32", act)):
+            sig = {**rope_sig, "qw_ptr": f"*{qw or act}", "kw_ptr": f"*{kw or act}", "eps": "fp32"}
+            compile_for(rope_cache_kernel, sig, {"BLOCK": block, "BLOCK_HD": block_hd, "NORM": qw is not None,
                                                  "INTERPRET": False, "EARLY": early}, cc, num_warps=1)
         gdn_kernels_compile(act, cc)
         experts_kernels_compile(act, cc)

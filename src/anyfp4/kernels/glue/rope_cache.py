@@ -24,6 +24,17 @@ from ..triton.common import early_launch_args, round_to_output, wait_for_previou
 
 
 @triton.jit
+def head_weight(qw_ptr, kw_ptr, head, H, offs, mask):
+    """The RMSNorm weight of head ``head`` (q's below H, k's from H on) at ``offs``, as float32: both weights are
+    loaded under complementary masks, since the two may have different dtypes (a float32 and a bf16 weight are no one
+    pointer type under a runtime condition)."""
+    is_q = (offs * 0 + head) < H  # as a block: the interpreter takes no scalar in a load's mask
+    wq = tl.load(qw_ptr + offs, mask=mask & is_q, other=0.0).to(tl.float32)
+    wk = tl.load(kw_ptr + offs, mask=mask & (~is_q), other=0.0).to(tl.float32)
+    return tl.where(is_q, wq, wk)
+
+
+@triton.jit
 def rope_cache_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, kc_ptr, vc_ptr,
     qw_ptr, kw_ptr, eps,
@@ -64,13 +75,12 @@ def rope_cache_kernel(
         whole = tl.arange(0, BLOCK_HD)
         xh = tl.load(src + whole, mask=whole < HD, other=0.0).to(tl.float32)
         inv = 1.0 / tl.sqrt(tl.sum(xh * xh, axis=0) / HD + eps)
-        w_ptr = qw_ptr if head < H else kw_ptr
-        x1 = round_to_output(tl.load(w_ptr + d, mask=inside, other=0.0).to(tl.float32) * (x1 * inv), in_ty,
+        x1 = round_to_output(head_weight(qw_ptr, kw_ptr, head, H, d, inside) * (x1 * inv), in_ty,
                              INTERPRET).to(tl.float32)
-        x2 = round_to_output(tl.load(w_ptr + HALF + d, mask=inside, other=0.0).to(tl.float32) * (x2 * inv), in_ty,
+        x2 = round_to_output(head_weight(qw_ptr, kw_ptr, head, H, HALF + d, inside) * (x2 * inv), in_ty,
                              INTERPRET).to(tl.float32)
-        xr = round_to_output(tl.load(w_ptr + rest, mask=rest < HD, other=0.0).to(tl.float32)
-                             * (xr.to(tl.float32) * inv), in_ty, INTERPRET)
+        xr = round_to_output(head_weight(qw_ptr, kw_ptr, head, H, rest, rest < HD) * (xr.to(tl.float32) * inv), in_ty,
+                             INTERPRET)
     tl.store(dst + d, round_to_output(x1 * c1 - x2 * s1, out_ty, INTERPRET), mask=inside)
     tl.store(dst + HALF + d, round_to_output(x2 * c2 + x1 * s2, out_ty, INTERPRET), mask=inside)
     if 2 * HALF < HD:  # partial rotary: the rest of the head as it is (normalized with NORM)
