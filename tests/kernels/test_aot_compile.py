@@ -6,6 +6,7 @@ Triton's CPU interpreter, which replaces ``@triton.jit`` functions with interpre
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -84,17 +85,24 @@ def decode_kernels_compile(cc):
         for bm, bn, bk, split, bias, gated, packed in DECODE_VARIANTS:
             k = compile_for(nvfp4_decode_kernel, decode_signature(act),
                             {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "USE_PARTIAL": split, "HAS_BIAS": bias,
-                             "GATED": gated, "X_PACKED": packed, "INTERPRET": False}, cc)
+                             "GATED": gated, "X_PACKED": packed, "SWAP_AB": False, "INTERPRET": False}, cc)
             assert len(k.asm["cubin"]) > 0
             sass_arch = k.asm["ptx"]
             assert f".target sm_{cc}" in sass_arch
             assert "cvt.rn.f16x2.e4m3x2" not in sass_arch and "e2m1" not in sass_arch  # integer decoding only
-        # the fused prefill GEMM's tiles (ANYFP4_PREFILL=fused)
-        for gated in (False, True):
+        # the fused prefill GEMM's tiles (ANYFP4_PREFILL=fused), the decoded tile as either operand
+        for gated, swap in ((False, False), (True, False), (False, True), (True, True)):
             k = compile_for(nvfp4_decode_kernel, decode_signature(act),
                             {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "USE_PARTIAL": False, "HAS_BIAS": not gated,
-                             "GATED": gated, "X_PACKED": False, "INTERPRET": False}, cc, num_warps=8)
+                             "GATED": gated, "X_PACKED": False, "SWAP_AB": swap, "INTERPRET": False}, cc, num_warps=8,
+                            aligned=("x_ptr", "codes_ptr", "scales_ptr", "out_ptr", "K", "stride_xm", "stride_c",
+                                     "stride_s", "stride_om"))
             assert f".target sm_{cc}" in k.asm["ptx"]
+            if cc == 90 and swap:  # wgmma reads the decoded tile from registers, and one multiply stays in flight
+                lines = k.asm["ttgir"].splitlines()  # while the next tile is decoded
+                dots = [line for line in lines if "ttng.warp_group_dot " in line]
+                assert dots and all("dot_op<{opIdx = 0" in line for line in dots), dots
+                assert any(re.search(r"pendings = [1-9]", line) for line in lines if "warp_group_dot_wait" in line)
 
 
 def early_for(cc):

@@ -36,3 +36,4 @@ class FusedConfig:
     num_warps: int = 8
     num_stages: int = 3
     split_k: int = 1
+    swap_ab: bool = False  # the decoded weight tile as the multiply's first operand (kernels/triton/nvfp4_decode._dot)

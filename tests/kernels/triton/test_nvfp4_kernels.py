@@ -124,9 +124,11 @@ def test_gemv_gated(device, split):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("split", [1, 4])
-def test_fused_prefill_gemm(device, dtype, split):
-    """ANYFP4_PREFILL=fused: the decode kernel over several row tiles, whole K or in 4 K slices of one tile each —
-    plain + bias, gated, the float32 share; every output written (poisoned first), repeated runs identical."""
+@pytest.mark.parametrize("swap", [False, True])
+def test_fused_prefill_gemm(device, dtype, split, swap):
+    """ANYFP4_PREFILL=fused: the decode kernel over several row tiles, whole K or in 4 K slices of one tile each, the
+    decoded tile either operand of the multiply — plain + bias, gated, the float32 share; every output written
+    (poisoned first), repeated runs identical."""
     from anyfp4.dispatch.configs import FusedConfig
     from anyfp4.kernels.triton.nvfp4_decode import nvfp4_fused_gemm
 
@@ -135,7 +137,7 @@ def test_fused_prefill_gemm(device, dtype, split):
     w, gate = random_weight(n, k, gen, device), random_weight(n, k, gen, device)
     up = random_weight(n, k, gen, device, global_scale=gate.global_scale.cpu())
     p, pg = prepack_nvfp4(w), prepack_nvfp4_gated(gate, up)
-    cfg = FusedConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=1, split_k=split)
+    cfg = FusedConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=1, split_k=split, swap_ab=swap)
     x = torch.randn(m, k, generator=gen).to(dtype).to(device)
     bias = torch.randn(n, generator=gen).to(dtype).to(device)
     out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
@@ -174,9 +176,11 @@ def test_tiles_decode_every_code_and_scale_exactly(device, dtype):
                     w.global_scale)
     eye = torch.eye(k, dtype=dtype, device=device)
     out = torch.full((k, n), float("nan"), dtype=dtype, device=device)
-    y = nvfp4_fused_gemm(eye, prepack_nvfp4(w), None, FusedConfig(block_m=16, block_n=32, block_k=128,
-                                                                  num_warps=4, num_stages=1), out=out)
-    assert torch.equal(y.t(), dequantize_nvfp4(w).to(dtype))
+    for swap in (False, True):
+        y = nvfp4_fused_gemm(eye, prepack_nvfp4(w), None, FusedConfig(block_m=16, block_n=32, block_k=128, num_warps=4,
+                                                                      num_stages=1, swap_ab=swap), out=out)
+        assert torch.equal(y.t(), dequantize_nvfp4(w).to(dtype))
+        out.fill_(float("nan"))
     for m in (1, 16):  # the small-M decode GEMM: its rows of the identity
         got = nvfp4_decode_gemm(eye[:m].contiguous(), prepack_nvfp4(w), None, DecodeConfig(32, 128, 1))
         assert torch.equal(got.t(), dequantize_nvfp4(w).to(dtype)[:, :m])

@@ -69,10 +69,17 @@ def _load_act_tile(x_ptr, offs_m, k0, M, K, stride_xm, X_ROWS,
 
 
 @triton.jit
-def _dot(x, w, INTERPRET: tl.constexpr):
+def _dot(x, w, SWAP_AB: tl.constexpr, INTERPRET: tl.constexpr):
+    """x (rows, k) . w (weight rows, k): (rows, weight rows), or with SWAP_AB its transpose, w @ x^T — the decoded
+    tile the multiply's first operand, which Hopper's wgmma reads from registers, so the next tile's decode runs
+    while this multiply is in flight (as the second operand it goes through shared memory and is waited for)."""
     if INTERPRET:  # the CPU interpreter's dot wants float32 operands
-        return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
-    return tl.dot(x, tl.trans(w))
+        x, w = x.to(tl.float32), w.to(tl.float32)
+    if SWAP_AB:  # one return: the two shapes differ, and a function's returns must agree
+        y = tl.dot(w, tl.trans(x))
+    else:
+        y = tl.dot(x, tl.trans(w))
+    return y
 
 
 @triton.jit
@@ -85,18 +92,24 @@ def nvfp4_decode_kernel(
     stride_xm, stride_c, stride_s, stride_om,
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PARTIAL: tl.constexpr,
-    HAS_BIAS: tl.constexpr, GATED: tl.constexpr, X_PACKED: tl.constexpr, INTERPRET: tl.constexpr,
+    HAS_BIAS: tl.constexpr, GATED: tl.constexpr, X_PACKED: tl.constexpr, SWAP_AB: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     """x: (M, K) fp16/bf16 row-major, or block-packed (X_PACKED); codes/scales: prepack layout;
     out: (M, N_OUT). GATED: gate rows [0, N_OUT), up rows [UP_OFFSET, UP_OFFSET + N_OUT).
     USE_PARTIAL (SPLIT_K > 1): sums go to partial (SPLIT_K, M, N_OUT * (2 if GATED else 1)) float32.
-    Grid: (N tiles, SPLIT_K, M tiles); decode calls have one M tile, the fused prefill GEMM several."""
+    Grid: (N tiles, SPLIT_K, M tiles); decode calls have one M tile, the fused prefill GEMM several.
+    SWAP_AB: the sums accumulate transposed (``_dot``), turned back before they are stored."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # scale bytes are loaded one tile ahead (the pipeliner leaves these byte loads to the loop's critical path)
     k0 = pid_k * K_ITERS * BLOCK_K
     sb = _scale_bytes(scales_ptr, offs_n, k0, stride_s, BLOCK_K)
@@ -109,14 +122,16 @@ def nvfp4_decode_kernel(
         sb_next = _scale_bytes(scales_ptr, offs_n, k_next, stride_s, BLOCK_K)
         x = _load_act_tile(x_ptr, offs_m, k0, M, K, stride_xm, X_ROWS, BLOCK_M, BLOCK_K, X_PACKED)
         w = _decode_weight_tile(codes_ptr, sb, offs_n, k0, stride_c, BLOCK_N, BLOCK_K, x.dtype, INTERPRET)
-        acc += _dot(x, w, INTERPRET)
+        acc += _dot(x, w, SWAP_AB, INTERPRET)
         sb = sb_next
         if GATED:
             sb_up_next = _scale_bytes(scales_ptr, offs_n + UP_OFFSET, k_next, stride_s, BLOCK_K)
             wu = _decode_weight_tile(codes_ptr, sb_up, offs_n + UP_OFFSET, k0, stride_c, BLOCK_N, BLOCK_K, x.dtype,
                                      INTERPRET)
-            acc_up += _dot(x, wu, INTERPRET)
+            acc_up += _dot(x, wu, SWAP_AB, INTERPRET)
             sb_up = sb_up_next
+    if SWAP_AB:
+        acc, acc_up = tl.trans(acc), tl.trans(acc_up)
     if not USE_PARTIAL:
         epilogue(acc, acc_up, offs_m, offs_n, M, N_OUT, gscale_ptr, bias_ptr, out_ptr, stride_om, HAS_BIAS, GATED,
                  INTERPRET)
@@ -190,7 +205,8 @@ def _launch(xk: torch.Tensor, stride_xm: int, x_packed: bool, x_shape, w: NVFP4P
         m, k, n_out, w.up_offset, block_m, k_tiles // c.split_k, c.split_k,
         stride_xm, w.codes.stride(0), w.scales.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_PARTIAL=c.split_k > 1,
-        HAS_BIAS=bias is not None, GATED=w.gated, X_PACKED=x_packed, INTERPRET=triton_interpret(),
+        HAS_BIAS=bias is not None, GATED=w.gated, X_PACKED=x_packed,
+        SWAP_AB=isinstance(c, FusedConfig) and c.swap_ab, INTERPRET=triton_interpret(),
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
     if c.split_k > 1:
