@@ -31,6 +31,7 @@
 #                                            # NVFP4 and FP8 of large shapes, pipes, stalls, occupancy, DRAM
 #   bash benchmarks/gpu_session.sh ring      # the shared-memory ring (MMAConfig.shared_ring): its GPU tests, the
 #                                            # table's configs against shared rings (probes/shared_ring.py)
+#   bash benchmarks/gpu_session.sh fusedswap # the fused prefill GEMM, decoded tile as wgmma's register operand
 #   bash benchmarks/gpu_session.sh ringsweep # a sweep with shared rings (SHAPES, GATED, MS), then bench (ARCH, FORMAT)
 #                                            # with it as ANYFP4_MMA_TABLE and with the built-in table
 # Each step has its own time limit so one slow step cannot eat the whole lease.
@@ -233,6 +234,16 @@ ringsweep)
 [print(x['model'], 'decode', round(x['decode_tok_s'], 1), 'sha', x['sha256'][:16]) for x in r]" \
             "$OUT/bench_ring${table:+_swept}.json" || tail -3 "$OUT/bench_ring${table:+_swept}.err"
     done
+    ;;
+fusedswap)
+    # the fused prefill GEMM with the decoded tile as wgmma's register operand (FusedConfig.swap_ab): its GPU tests,
+    # then the swapped tiles against the unswapped and bf16 (SHAPES, MS)
+    timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/triton/test_nvfp4_kernels.py \
+        -k "fused or every_code" 2>&1 | tail -3 | tee "$OUT/pytest_fusedswap.txt"
+    timeout ${SWEEP_S:-200} python3 benchmarks/probes/fused_configs.py --budget-s $(( ${SWEEP_S:-200} - 40 )) \
+        ${COMMIT:+--commit $COMMIT} --shapes ${SHAPES:-14336x4096 4096x14336 28672x4096:gated} --ms ${MS:-128 256 1024} \
+        --configs 128x128x128/w8/s3/k1 64x64x128/w4/s3/k1 128x128x128/w8/s3/k1/swap 128x128x128/w4/s3/k1/swap \
+        64x128x128/w4/s3/k1/swap 256x128x128/w8/s2/k1/swap --out "$OUT/fused_swap.json" 2>&1 | grep "M="
     ;;
 prefill)
     # each prefill mode against bf16 per shape and M (H100, 2026-12-06: ~100 s), then whole prompts (bench times each
