@@ -182,3 +182,8 @@ def test_fused_prefill_tiles_follow_the_sweep(m, shape, tile):
     c = fused_config(m, *shape)
     assert (c.block_m, c.block_n, c.num_warps, c.split_k) == tile
     assert 128 % c.block_n == 0 and c.block_k == 128 and (shape[1] // 128) % c.split_k == 0
+    assert not c.swap_ab  # below sm_90: the decoded tile the second operand
+    for sm in (80, 89, 90):  # on sm_90 the 128 x 128 tiles multiply w @ x^T; the tile itself stays
+        h = fused_config(m, *shape, sm)
+        assert h.swap_ab == (sm >= 90 and tile[:2] == (128, 128))
+        assert (h.block_m, h.block_n, h.num_warps, h.split_k) == tile

@@ -45,7 +45,10 @@ FUSED_FEW_TILES = 64  # weight-row tiles of a call up to 64 rows below which its
 FUSED_SPLIT_PROGRAMS = 192  # ... into up to four slices, the fewest that launch this many programs
 
 
-def fused_config(m: int, weight_rows: int, k: int) -> FusedConfig:
+FUSED_SWAP_MIN_SM = 90  # from sm_90 on the 128 x 128 tiles multiply w @ x^T (wgmma's register operand)
+
+
+def fused_config(m: int, weight_rows: int, k: int, sm: int = 0) -> FusedConfig:
     """NVFP4's fused prefill GEMM tiles for ``m`` rows of a ``weight_rows`` x ``k`` weight (a gated weight's rows: both
     halves; ``k`` as prepacked, a multiple of 128), from the H100 sweeps (benchmarks/probes/fused_configs.py,
     results/fused_configs_h100.json and fused_configs_split_h100.json): up to 64 rows tiles of 64 rows and 64
@@ -54,7 +57,10 @@ def fused_config(m: int, weight_rows: int, k: int) -> FusedConfig:
     (4096x14336 at 64 rows, 64 tiles: 39.1 us in 4 slices, 58.5 in 2, 99.5 in one; bf16 46.1); up to 128 rows
     128 x 128 (eight warps) on weights of >= 14336 rows and K < 12288, else 64 x 64 (4096x14336 at 128 rows: 100
     against 180 us); above, 128 x 128 (tiles of 256 rows were no faster: 4096x14336 at 1024 rows 325 against 360
-    us, 14336x4096 380 against 354, gate + up 1181 against 672)."""
+    us, 14336x4096 380 against 354, gate + up 1181 against 672). On ``sm`` >= FUSED_SWAP_MIN_SM the 128 x 128 tiles
+    take the decoded tile as the multiply's register operand (``swap_ab``: H100, results/fused_swap_h100.json, gate +
+    up at 128 / 256 / 1024 rows 92.8 / 180.4 / 627.2 us against 101.5 / 195.9 / 679.7, 14336x4096 53.7 / 103.6 /
+    347.8 against 55.0 / 105.1 / 358.6)."""
     if m <= 64:
         block_n = 128 if k >= 8192 and weight_rows >= 16384 else 64
         tiles, k_tiles, split = -(-weight_rows // block_n), k // 128, 1
@@ -64,7 +70,7 @@ def fused_config(m: int, weight_rows: int, k: int) -> FusedConfig:
         return FusedConfig(block_m=64, block_n=block_n, num_warps=4, split_k=split)
     if m <= 128 and not (weight_rows >= 14336 and k < 12288):
         return FusedConfig(block_m=64, block_n=64, num_warps=4)
-    return FusedConfig()
+    return FusedConfig(swap_ab=sm >= FUSED_SWAP_MIN_SM)
 
 
 def mma_heuristic_config(n_rows: int, k_pad: int, m: int, sms: int, gated: bool, fmt: str = "nvfp4") -> MMAConfig:

@@ -36,7 +36,7 @@ class FormatKernels:
     gemv: Callable  # (x2, w, bias, sms) -> Triton GEMV at M = 1, scaled and rounded to x's dtype
     dequantize_matmul: Callable  # (x2, w, bias, out_dtype) -> dequantize + cuBLAS
     decode: Optional[Callable] = None  # (x2, w, bias, sm, sms, act_pack) -> Triton decode, scaled and rounded
-    fused_prefill: Optional[Callable] = None  # (x2, w, bias, out_dtype) -> fused Triton prefill GEMM
+    fused_prefill: Optional[Callable] = None  # (x2, w, bias, sm, out_dtype) -> fused Triton prefill GEMM
     w8a8: Optional[Callable] = None  # (x2, w, bias, input_scale) -> W8A8 prefill (FP8)
 
 
@@ -156,7 +156,7 @@ def run_linear(x: Tensor, w, bias: Optional[Tensor], fmt: FormatKernels, *, part
     elif kernel is Kernel.CUDA_MMA_ROW_CHUNKS:  # the decode kernels' rows do not depend on the call's other rows
         y = fmt.mma_chunks(x2, w, bias, config, out_dtype)
     elif kernel is Kernel.TRITON_FUSED_PREFILL:
-        y = fmt.fused_prefill(x2, unit_scale(w, fmt) if partial else w, bias, out_dtype)
+        y = fmt.fused_prefill(x2, unit_scale(w, fmt) if partial else w, bias, sm, out_dtype)
     elif kernel is Kernel.DEQUANTIZE_CUBLAS:
         y = fmt.dequantize_matmul(x2, unit_scale(w, fmt) if partial else w, bias, out_dtype)
     else:

@@ -55,11 +55,11 @@ def _decode(x2: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], sm: int, sms:
     return nvfp4_decode_gemm(x2, w, bias, config, act_pack=act_pack)
 
 
-def _fused_prefill(x2: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], out_dtype) -> Tensor:
+def _fused_prefill(x2: Tensor, w: NVFP4Prepacked, bias: Optional[Tensor], sm: int, out_dtype) -> Tensor:
     from ..dispatch.tuning import fused_config
     from ..kernels.triton.nvfp4_decode import nvfp4_fused_gemm
 
-    config = fused_config(x2.shape[0], w.out_features * (2 if w.gated else 1), w.codes.shape[1] * K_PER_WORD)
+    config = fused_config(x2.shape[0], w.out_features * (2 if w.gated else 1), w.codes.shape[1] * K_PER_WORD, sm)
     return nvfp4_fused_gemm(x2, w, bias, config, out_dtype=out_dtype)
 
 
