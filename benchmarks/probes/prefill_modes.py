@@ -1,10 +1,10 @@
 """Which prefill kernel wins at which M: the NVFP4 and FP8 ops at prefill M with each ``ANYFP4_PREFILL`` mode
-(``cublas``: dequantize + cuBLAS; ``chunked``: the CUDA decode kernel 32 rows at a time; ``fused``: NVFP4's Triton
-GEMM), against bf16 ``F.linear``, timed as the scoreboard times (``kernels/scoreboard.py``: CUDA-graph replays over
-rotated weight copies), on the scoreboard's shapes.
+(``cublas``: dequantize + cuBLAS; ``chunked``: the CUDA decode kernel ``limits.MMA_CHUNK_ROWS`` rows at a time,
+``chunked32``: 32 at a time; ``fused``: NVFP4's Triton GEMM), against bf16 ``F.linear``, timed as the scoreboard
+times (``kernels/scoreboard.py``: CUDA-graph replays over rotated weight copies), on the scoreboard's shapes.
 
     PYTHONPATH=src python benchmarks/probes/prefill_modes.py [--shapes 28672x8192 ...] [--ms 48 64 96 128] \
-        [--modes cublas chunked fused] [--out prefill_modes.json]
+        [--modes cublas chunked chunked32 fused] [--out prefill_modes.json]
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ def main() -> None:
     ap.add_argument("--out", default="prefill_modes.json")
     a = ap.parse_args()
     from anyfp4.bench.timing import graph_seconds
+    from anyfp4.kernels.cuda import weight_mma
+
+    wide = weight_mma.MMA_CHUNK_ROWS
 
     t0 = time.monotonic()
     dev = torch.device("cuda")
@@ -62,11 +65,13 @@ def main() -> None:
                 for mode in a.modes:
                     if mode == "fused" and fmt != "nvfp4":
                         continue
-                    os.environ["ANYFP4_PREFILL"] = mode  # read inside the op, at capture
+                    os.environ["ANYFP4_PREFILL"] = "chunked" if mode == "chunked32" else mode  # read in the op
+                    weight_mma.MMA_CHUNK_ROWS = 32 if mode == "chunked32" else wide  # the chunks' rows, at capture
                     try:
                         us = graph_seconds(calls_for(m), **sb.timing_plan(m, copies)) * 1e6
                     finally:
                         os.environ.pop("ANYFP4_PREFILL")
+                        weight_mma.MMA_CHUNK_ROWS = wide
                     line[f"{fmt}_{mode}_us"] = us
             report["rows"].append(line)
             cells = " ".join(f"{key[:-3]} {v:8.1f} ({line['bf16_us'] / v:4.2f}x)" for key, v in line.items()

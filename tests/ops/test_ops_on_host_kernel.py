@@ -63,9 +63,10 @@ def test_gpu_dispatch_against_the_cpu_reference(emulated_gpu, fmt):
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 def test_rows_keep_their_bits_whatever_the_call(emulated_gpu, monkeypatch, fmt):
     """Each row of an M-row call has the bits of a one-row call, up to M = 32 and, with ANYFP4_PREFILL=chunked,
-    beyond: what speculative verification and two-GPU prompts rely on."""
+    beyond (a chunk of 64 rows, eight n8 tiles, and one of 6): what speculative verification and two-GPU prompts rely
+    on."""
     gen = torch.Generator().manual_seed(32)
-    p, _, gpu, ref = layers(fmt, gen)
+    p, pg, gpu, ref = layers(fmt, gen)
     x = torch.randn(70, K, generator=gen).to(torch.bfloat16)
     # compared as float32 sums (the partial): a bf16 rounding would hide most differences in summation order
     singles = {i: gpu(x[i:i + 1], p, None, partial=True) for i in (0, 1, 8, 16, 31, 32, 69)}
@@ -76,6 +77,7 @@ def test_rows_keep_their_bits_whatever_the_call(emulated_gpu, monkeypatch, fmt):
     y = gpu(x, p, None, partial=True)
     assert all(torch.equal(y[i:i + 1], s) for i, s in singles.items())
     assert rel_err(gpu(x, p, None), ref(x, p, None).double()) < 4e-3
+    assert rel_err(gpu(x, pg, None), ref(x, pg, None).double()) < 8e-3
 
 
 def test_auto_prefill_counts_both_halves_of_a_gated_weight(emulated_gpu, monkeypatch):

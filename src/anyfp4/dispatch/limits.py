@@ -5,6 +5,11 @@
 # kernel, the graphed step, the cuBLAS row padding and the peer all-reduce are all built for this bound.
 DECODE_ROWS = 32
 
+# The rows of one launch of the CUDA decode kernel in a prefill's row chunks (ANYFP4_PREFILL=chunked): eight n8 tiles,
+# the weight read once per 64 rows (sm_90 NVRTC: 110-131 registers a thread, gated 186-234, no spills; sixteen tiles
+# spill when gated). A chunk's rows keep the bits the same rows get alone.
+MMA_CHUNK_ROWS = 64
+
 # A float (bf16 / fp16) layer with at most this many outputs runs its decode-sized calls through the one-launch
 # GEMV of kernels/triton/dense_gemv.py instead of cuBLAS (padded rows, split-K GEMM and its reduction).
 SMALL_DENSE_OUTPUTS = 256

@@ -9,6 +9,7 @@ from dataclasses import replace
 from ..kernels.cuda.weight_mma import (STAGE_BYTES, STEP_K, k_slices, k_warps_refusal, least_shared_bytes,
                                       rows_per_block)
 from .configs import DecodeConfig, FusedConfig, MMAConfig
+from .limits import DECODE_ROWS
 from .launch_tables import MMAKey, builtin_decode_table, builtin_mma_table, m_bucket, user_mma_table
 
 
@@ -116,7 +117,8 @@ def mma_config(sm: int, sms: int, fmt: str, gated: bool, n: int, k: int, k_pad: 
     (split-K blocks x K warps) always come from M = 1 — they alone set the order in which a row's partial sums are
     added, so every M gives each row the bits M = 1 gives it (a verify pass of k + 1 rows computes what k + 1
     single-token steps would) — unless ``split_k`` (> 0) names them for every M (a tensor-parallel shard's)."""
-    c = _mma_entry((sm, fmt, gated, k, n, m_bucket(m))) or mma_heuristic_config(n, k_pad, m, sms, gated, fmt)
+    c = (_mma_entry((sm, fmt, gated, k, n, m_bucket(min(m, DECODE_ROWS))))  # a wider prefill chunk: the widest bucket
+         or mma_heuristic_config(n, k_pad, m, sms, gated, fmt))
     if not split_k:
         one = _mma_entry((sm, fmt, gated, k, n, 1)) or mma_heuristic_config(n, k_pad, 1, sms, gated, fmt)
         split_k = k_slices(one)

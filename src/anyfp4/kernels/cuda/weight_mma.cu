@@ -1,4 +1,4 @@
-// Weight-only decode GEMM for M <= 32 on sm_80+ tensor cores (mma.sync m16n8k16, fp32 accumulate), for NVFP4
+// Weight-only decode GEMM for M <= 64 on sm_80+ tensor cores (mma.sync m16n8k16, fp32 accumulate), for NVFP4
 // weights (FP8 = 0) and FP8 E4M3 weights (FP8 = 1); activations fp16 or bf16. On sm_75 (MMA_K8 = 1, fp16 only)
 // each m16n8k16 product is two m16n8k8 ones over the same fragments (k 0..7: a0, a1, b0; k 8..15: a2, a3, b1),
 // and without cp.async (ASYNC_COPY = 0) the staging copies go through registers. On sm_70 (QUAD_PAIRS = 1, fp16

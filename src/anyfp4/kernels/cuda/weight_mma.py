@@ -1,4 +1,4 @@
-"""Weight-only decode GEMM for M <= 32 on sm_80+ as a CUDA C++ kernel (``cuda/weight_mma.cu``, compiled at
+"""Weight-only decode GEMM for M <= 64 on sm_80+ as a CUDA C++ kernel (``cuda/weight_mma.cu``, compiled at
 run time by NVRTC) for NVFP4 and FP8 prepacks: weights decoded in registers straight into the A operand of
 ``mma.sync`` m16n8k16, so nothing but the activations goes through shared memory. The source file explains
 the decode and the split-K; this module holds launch configurations and the launchers.
@@ -25,7 +25,7 @@ from importlib import resources
 import torch
 
 from ...dispatch.configs import MMAConfig
-from ...dispatch.limits import DECODE_ROWS
+from ...dispatch.limits import MMA_CHUNK_ROWS
 from ..device import device_arch, early_launch
 from . import nvrtc
 from .counters import COUNTER_SLOTS, reserve_counters
@@ -61,7 +61,7 @@ def source_text() -> str:
 
 
 def n_tiles_for(m: int) -> int:
-    return 1 if m <= 8 else 2 if m <= 16 else 4
+    return 1 if m <= 8 else 2 if m <= 16 else 4 if m <= 32 else 8
 
 
 def rows_per_block(c: MMAConfig) -> int:
@@ -188,8 +188,8 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     which picks the mma shape and the staging copies; ``experts``: a grouped expert launch's pairs, with ``x``, the
     prepack and ``out`` the first expert's and first row's, as ``plan_experts_launch`` gives them)."""
     m, k = x.shape
-    if not 1 <= m <= DECODE_ROWS:
-        raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {DECODE_ROWS}, got {m}")
+    if not 1 <= m <= MMA_CHUNK_ROWS:
+        raise ValueError(f"the CUDA decode kernel handles 1 <= M <= {MMA_CHUNK_ROWS}, got {m}")
     if x.stride(1) != 1 or x.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError("x must be fp16/bf16 with a contiguous last dimension")
     c = config
@@ -303,7 +303,7 @@ def plan_experts_launch(fmt: str, x: torch.Tensor, ids: torch.Tensor, codes: tor
 def planned(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
              gscale: torch.Tensor, bias: torch.Tensor | None, n_rows: int, up_offset: int, config: MMAConfig,
              out: torch.Tensor | None, out_dtype: torch.dtype | None) -> tuple[Launch, "nvrtc.Kernel", bool]:
-    """The launch of ``x``'s rows (<= DECODE_ROWS), the loaded kernel, and whether it launches early."""
+    """The launch of ``x``'s rows (<= MMA_CHUNK_ROWS), the loaded kernel, and whether it launches early."""
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     stage_bytes = min(STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
     early = early_launch(device)
@@ -339,14 +339,14 @@ def experts_mma(fmt: str, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tenso
 def chunk_launches(x: torch.Tensor, out: torch.Tensor,
                    plan_for: Callable[[torch.Tensor, torch.Tensor], tuple[Launch, object]]
                    ) -> Iterator[tuple[Launch, object]]:
-    """(launch, what ``plan_for`` gave with it) for each DECODE_ROWS-row chunk of x (M, K), writing its rows of
+    """(launch, what ``plan_for`` gave with it) for each MMA_CHUNK_ROWS-row chunk of x (M, K), writing its rows of
     ``out`` (M, N): ``plan_for(rows, out rows)`` works a launch out once per kind of chunk (its rows, and whether
     its activations are 16-byte aligned, which the source's staging is compiled for); the other chunks of that
     kind repeat it with their own pointers. The launches, and so the bits, of one call per chunk, without its
     host work."""
     planned: dict[tuple, tuple[Launch, object, torch.Tensor, torch.Tensor]] = {}
-    for i in range(0, x.shape[0], DECODE_ROWS):
-        rows, y = x[i:i + DECODE_ROWS], out[i:i + DECODE_ROWS]
+    for i in range(0, x.shape[0], MMA_CHUNK_ROWS):
+        rows, y = x[i:i + MMA_CHUNK_ROWS], out[i:i + MMA_CHUNK_ROWS]
         kind = (rows.shape[0], rows.data_ptr() % 16 == 0)
         if kind not in planned:
             planned[kind] = (*plan_for(rows, y), rows, y)
@@ -359,7 +359,7 @@ def chunk_launches(x: torch.Tensor, out: torch.Tensor,
 def _launch_chunks(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
                    gscale: torch.Tensor, bias: torch.Tensor | None, n_rows: int, up_offset: int,
                    config_for: Callable[[int], MMAConfig], out_dtype: torch.dtype | None) -> torch.Tensor:
-    """x (M, K), any M: ``_launch``'s launches for its rows DECODE_ROWS at a time (each chunk's config
+    """x (M, K), any M: ``_launch``'s launches for its rows MMA_CHUNK_ROWS at a time (each chunk's config
     ``config_for(its rows)``) into one (M, N) output, as ``chunk_launches`` repeats them."""
     out = torch.empty(x.shape[0], n_rows, dtype=out_dtype or x.dtype, device=x.device)
 
@@ -375,26 +375,26 @@ def _launch_chunks(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales:
 
 def nvfp4_mma_gemm(x: torch.Tensor, w, bias: torch.Tensor | None, config: MMAConfig,
                    out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """NVFP4 prepack: x (M, K), M <= 32 -> (M, N); a gated prepack gives silu(gate) * up."""
+    """NVFP4 prepack: x (M, K), M <= MMA_CHUNK_ROWS -> (M, N); a gated prepack gives silu(gate) * up."""
     return _launch("nvfp4", x, w.codes, w.scales, w.global_scale, bias, w.out_features, w.up_offset, config, out,
                    out_dtype)
 
 
 def nvfp4_mma_gemm_chunks(x: torch.Tensor, w, bias: torch.Tensor | None, config_for: Callable[[int], MMAConfig],
                           out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """NVFP4 prepack: x (M, K), any M -> (M, N), DECODE_ROWS rows at a time (``_launch_chunks``)."""
+    """NVFP4 prepack: x (M, K), any M -> (M, N), MMA_CHUNK_ROWS rows at a time (``_launch_chunks``)."""
     return _launch_chunks("nvfp4", x, w.codes, w.scales, w.global_scale, bias, w.out_features, w.up_offset,
                           config_for, out_dtype)
 
 
 def fp8_mma_gemm_chunks(x: torch.Tensor, w, bias: torch.Tensor | None, config_for: Callable[[int], MMAConfig],
                         out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """FP8 prepack: x (M, K), any M -> (M, N), DECODE_ROWS rows at a time (``_launch_chunks``)."""
+    """FP8 prepack: x (M, K), any M -> (M, N), MMA_CHUNK_ROWS rows at a time (``_launch_chunks``)."""
     return _launch_chunks("fp8", x, w.codes, None, w.scales, bias, w.out_features, w.up_offset, config_for,
                           out_dtype)
 
 
 def fp8_mma_gemm(x: torch.Tensor, w, bias: torch.Tensor | None, config: MMAConfig,
                  out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """FP8 prepack: x (M, K), M <= 32 -> (M, N); a gated prepack gives silu(gate) * up."""
+    """FP8 prepack: x (M, K), M <= MMA_CHUNK_ROWS -> (M, N); a gated prepack gives silu(gate) * up."""
     return _launch("fp8", x, w.codes, None, w.scales, bias, w.out_features, w.up_offset, config, out, out_dtype)
