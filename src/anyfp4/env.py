@@ -75,7 +75,7 @@ PREFILL_MODES = ("auto", "cublas", "chunked", "fused")
 def prefill_mode() -> str:
     """``ANYFP4_PREFILL``: how quantized linears run more than 32 rows on a GPU. ``auto`` (default): by the call's
     rows and the weight's shape (``dispatch.policy.auto_prefill_kernel``); ``cublas``: dequantize, then cuBLAS;
-    ``chunked``: the decode kernels, 32 rows at a time (sm_80+), and float layers of at most 256 outputs through
+    ``chunked``: the decode kernels, 64 rows at a time (sm_80+), and float layers of at most 256 outputs through
     their decode GEMV, and the runner's prompts as captured decode steps of 32 // rows tokens per row
     (``runtime.prompt``) — slower for long prompts, but a row's bits then depend neither on the prompt's length nor
     on the other prompts of a batch nor, with two tensor-parallel ranks, on the split over GPUs; ``fused`` (NVFP4):

@@ -54,7 +54,7 @@ M <= 32 on sm_80+: the CUDA tensor-core decode kernel (``kernels.cuda.weight_mma
 heuristic; ``ANYFP4_KERNELS=triton`` turns it off); otherwise M = 1: the Triton GEMV kernel, M <= 32: the Triton
 tensor-core decode kernel (activation block-pack by ``ANYFP4_ACT_PACK``); larger M: dequantize + cuBLAS
 (prefill), with ``ANYFP4_PREFILL=fused`` one Triton GEMM that decodes weight tiles in registers (NVFP4), or
-with ``ANYFP4_PREFILL=chunked`` the CUDA decode kernel 32 rows at a time. FP8 follows the same split (Triton:
+with ``ANYFP4_PREFILL=chunked`` the CUDA decode kernel 64 rows at a time. FP8 follows the same split (Triton:
 GEMV at M = 1, dequantize + cuBLAS above). On the CPU: the C kernels (``kernels.cpu``) where they build, else the
 pure-torch reference. Launch configs come from ``dispatch.tuning``.
 """
