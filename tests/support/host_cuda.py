@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from anyfp4.kernels.cuda import weight_mma
+from anyfp4.kernels.cuda import weight_mma, weight_mma_geometry
 
 HEADER = Path(__file__).with_name("host_cuda.h")
 N_POINTERS, N_INTS = 9, 15  # anyfp4_weight_mma's parameters (pointers and ints in the launch's argument order)
@@ -84,7 +84,7 @@ def gemm(fmt: str, tight: bool = False, sm: int = weight_mma.ASYNC_SM):
 
     def call(x, p, bias, config, out=None, out_dtype=None):
         counters = torch.zeros(1024, dtype=torch.int32)
-        stage_bytes = (weight_mma.least_shared_bytes(config, x.shape[0], p.up_offset > 0, fmt) if tight
+        stage_bytes = (weight_mma_geometry.least_shared_bytes(config, x.shape[0], p.up_offset > 0, fmt) if tight
                        else weight_mma.STAGE_BYTES)
         scales, gscale = (p.scales, p.global_scale) if fmt == "nvfp4" else (None, p.scales)
         plan = weight_mma.plan_launch(fmt, x, p.codes, scales, gscale, bias, p.out_features, p.up_offset, config,

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..kernels.cuda.weight_mma import (STAGE_BYTES, STEP_K, k_slices, k_warps_refusal, least_shared_bytes,
-                                      rows_per_block)
+from ..kernels.cuda.weight_mma_defines import STEP_K
+from ..kernels.cuda.weight_mma_geometry import (STAGE_BYTES, k_slices, k_warps_refusal, least_shared_bytes,
+                                               rows_per_block)
 from .configs import DecodeConfig, FusedConfig, MMAConfig
 from .limits import DECODE_ROWS
 from .launch_tables import MMAKey, builtin_decode_table, builtin_mma_table, m_bucket, user_mma_table

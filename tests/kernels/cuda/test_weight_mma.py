@@ -10,14 +10,14 @@ import torch
 import anyfp4.ops  # noqa: F401  (registers torch.ops.anyfp4, which the op-level tests call)
 from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
 from anyfp4.formats.nvfp4 import dequantize_nvfp4
-from anyfp4.kernels.cuda import nvrtc, weight_mma
+from anyfp4.kernels.cuda import nvrtc, weight_mma, weight_mma_geometry
 from anyfp4.kernels.cuda.counters import reserve_counters
 from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
 from anyfp4.dispatch import tuning
 from anyfp4.dispatch.configs import MMAConfig
 from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, nvfp4_mma_gemm
-from anyfp4.kernels.cuda.weight_mma_defines import STAGING, source_defines
+from anyfp4.kernels.cuda.weight_mma_defines import STAGING, XS_PAD, source_defines
 from mma_checks import check_kernel, nvfp4_weight, rel_err, sweep_cases
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -356,8 +356,8 @@ def test_stage_k_fits_the_shared_memory_it_is_given():
         for cap in (32 * 1024, 99 * 1024, 128 * 1024):
             kc = weight_mma.stage_k(m, cap, fmt=fmt)
             assert 128 <= kc <= 4096 and kc & (kc - 1) == 0
-            assert weight_mma.stage_bytes_for(m, kc, fmt) <= cap or kc == 128
-            assert kc == 4096 or weight_mma.stage_bytes_for(m, 2 * kc, fmt) > cap  # the largest that fits
+            assert weight_mma_geometry.stage_bytes_for(m, kc, fmt) <= cap or kc == 128
+            assert kc == 4096 or weight_mma_geometry.stage_bytes_for(m, 2 * kc, fmt) > cap  # the largest that fits
 
 
 def test_rounds_are_whole_passes_of_the_ring_on_every_supported_gpu():
@@ -369,13 +369,13 @@ def test_rounds_are_whole_passes_of_the_ring_on_every_supported_gpu():
             for depth in (2, 4, 8):
                 least = depth * step
                 kc = weight_mma.stage_k(m, 99 * 1024 - 1024, least, fmt)
-                assert kc % least == 0 and weight_mma.stage_bytes_for(m, kc, fmt) <= 99 * 1024 - 1024
+                assert kc % least == 0 and weight_mma_geometry.stage_bytes_for(m, kc, fmt) <= 99 * 1024 - 1024
 
 
 def staged_layout(fmt):
     """X_T, X_Q, XS_PAD as the kernel is compiled with them for ``fmt`` (``STAGING``, through ``source_defines``)."""
     s = STAGING[fmt]
-    assert s.pad == weight_mma.XS_PAD[fmt]
+    assert s.pad == XS_PAD[fmt]
     return s.x_t, s.x_q, s.pad
 
 
@@ -533,7 +533,7 @@ def test_k_slices_do_not_depend_on_m():
         steps = k_pad // weight_mma.STEP_K[fmt]
         for m, c in enumerate(configs, 1):
             assert c.kw == 1 or (steps % weight_mma.k_slices(c) == 0 and c.warps % c.kw == 0
-                                 and weight_mma.least_shared_bytes(c, m, gated, fmt) <= weight_mma.STAGE_BYTES), c
+                                 and weight_mma_geometry.least_shared_bytes(c, m, gated, fmt) <= weight_mma.STAGE_BYTES), c
 
 
 @gpu

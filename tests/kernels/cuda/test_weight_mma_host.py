@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import host_cuda
-from anyfp4.kernels.cuda import weight_mma
+from anyfp4.kernels.cuda import weight_mma, weight_mma_geometry
 from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
 from anyfp4.formats.nvfp4 import dequantize_nvfp4
 from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
@@ -143,7 +143,7 @@ def test_a_shared_ring_gives_the_register_rings_bits(fmt):
     k_warps = [c for c in (MMAConfig(1, 4, 1, 2, 2), MMAConfig(1, 8, 1, 2, 8)) if not weight_mma.k_warps_refusal(c, steps)]
     for m, cfg in CASES + [(m, c) for m, c in zip((5, 9), k_warps)]:
         ring = replace(cfg, shared_ring=1)
-        if weight_mma.least_shared_bytes(ring, m, True, fmt) > weight_mma.STAGE_BYTES:
+        if weight_mma_geometry.least_shared_bytes(ring, m, True, fmt) > weight_mma.STAGE_BYTES:
             continue  # 32 rows staged beside 8 warps' rings of 8 steps: more than a block gets (refused)
         ran += 1
         x = torch.randn(m, K, generator=gen).to(torch.bfloat16)
@@ -156,7 +156,7 @@ def test_a_shared_ring_gives_the_register_rings_bits(fmt):
     assert ran >= 5 and k_warps
     bias = torch.randn(N, generator=gen).to(torch.bfloat16)
     fits = [(m, replace(c, shared_ring=1)) for m, c in CASES
-            if weight_mma.least_shared_bytes(replace(c, shared_ring=1), m, True, fmt) <= weight_mma.STAGE_BYTES]
+            if weight_mma_geometry.least_shared_bytes(replace(c, shared_ring=1), m, True, fmt) <= weight_mma.STAGE_BYTES]
     check_kernel(run, p, pg, wd, gd, ud, bias, fits, gen)
 
 
