@@ -31,6 +31,7 @@
 #                                            # NVFP4 and FP8 of large shapes, pipes, stalls, occupancy, DRAM
 #   bash benchmarks/gpu_session.sh ring      # the shared-memory ring (MMAConfig.shared_ring): its GPU tests, the
 #                                            # table's configs against shared rings (probes/shared_ring.py)
+#   bash benchmarks/gpu_session.sh wgmma     # the decode kernel's warpgroup mmas: GPU tests, against mma.sync and bf16
 #   bash benchmarks/gpu_session.sh fusedswap # the fused prefill GEMM, decoded tile as wgmma's register operand
 #   bash benchmarks/gpu_session.sh ringsweep # a sweep with shared rings (SHAPES, GATED, MS), then bench (ARCH, FORMAT)
 #                                            # with it as ANYFP4_MMA_TABLE and with the built-in table
@@ -234,6 +235,14 @@ ringsweep)
 [print(x['model'], 'decode', round(x['decode_tok_s'], 1), 'sha', x['sha256'][:16]) for x in r]" \
             "$OUT/bench_ring${table:+_swept}.json" || tail -3 "$OUT/bench_ring${table:+_swept}.err"
     done
+    ;;
+wgmma)
+    # the decode kernel's warpgroup mmas (MMAConfig.wgmma): their GPU tests (bits against mma.sync), then each layer
+    # and M against the table's mma.sync config and bf16 (probes/wgmma.py; LAYERS, MS)
+    timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/cuda/test_weight_mma_wgmma.py 2>&1 \
+        | tail -4 | tee "$OUT/pytest_wgmma.txt"
+    (cd benchmarks/probes && timeout ${SWEEP_S:-300} python3 wgmma.py ${COMMIT:+--commit $COMMIT} \
+        ${LAYERS:+--layers $LAYERS} ${MS:+--ms $MS} --out "$OUT/wgmma.json" 2>&1 | grep -v Warn)
     ;;
 fusedswap)
     # the fused prefill GEMM with the decoded tile as wgmma's register operand (FusedConfig.swap_ab): its GPU tests,

@@ -39,7 +39,7 @@ struct host_dim3 {
 static host_dim3 threadIdx, blockIdx, gridDim, blockDim;
 
 namespace host {
-enum State { RUNNING, AT_SYNCTHREADS, AT_WARP, DONE };
+enum State { RUNNING, AT_SYNCTHREADS, AT_WARP, AT_GROUP, DONE };
 struct Fiber {
     ucontext_t ctx;
     State state;
@@ -57,6 +57,11 @@ struct WarpFragments {
     float s[32];  // a shuffle's values
 };
 static WarpFragments warps[MAX_THREADS / 32];
+struct GroupFragments {  // a warpgroup's wgmma operands: every lane's A fragments and descriptor
+    unsigned a[128][4];
+    unsigned long long desc[128];
+};
+static GroupFragments groups[MAX_THREADS / 128];
 
 inline void wait(State s) {
     fibers[current].state = s;
@@ -249,6 +254,59 @@ inline unsigned short float_to_out(float f) { return BF16 ? host::float_to_bf16(
 
 __attribute__((aligned(16))) unsigned xs[host::SHARED_WORDS];
 
+// sm_90's wgmma (WGMMA in weight_mma.cu): the warpgroup's 128 lanes publish their A fragments (each warp its 16 rows
+// of the 64, in the m16n8k16 A layout) and the B descriptor, then each lane computes its D elements (per n8 tile the
+// m16n8 C layout) from them and from the staged shared memory the descriptor names, read as the PTX ISA lays out a
+// K-major operand without swizzle: element (k, n) at start + (k / 8) LBO + (n / 8) SBO + (n % 8) 16 + (k % 8) 2
+// bytes. Exact sums rounded to float32 once per wgmma; the descriptor's address is a byte offset into xs.
+inline unsigned long long wgmma_desc(const unsigned* p) {
+    const unsigned long long addr = (unsigned long long)(p - xs) * 4;
+    return ((addr & 0x3FFFFull) >> 4) | ((unsigned long long)((16 * NT * 8) >> 4) << 16) | ((128ull >> 4) << 32);
+}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+inline void wgmma_wait() {}
+inline void fence_proxy_async() {}
+inline void wgmma_k16(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long desc) {
+    const int tid = (int)threadIdx.x, member = tid & 127;
+    host::GroupFragments& gr = host::groups[tid >> 7];
+    gr.a[member][0] = a0, gr.a[member][1] = a1, gr.a[member][2] = a2, gr.a[member][3] = a3;
+    gr.desc[member] = desc;
+    host::wait(host::AT_GROUP);
+    if (gr.desc[member] != gr.desc[0] && !host::fault[0])
+        std::snprintf(host::fault, sizeof host::fault, "block (%u, %u) thread %d: a wgmma descriptor other than its "
+                      "warpgroup's", blockIdx.x, blockIdx.y, tid);
+    const size_t start = (desc & 0x3FFF) << 4, lbo = ((desc >> 16) & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
+    auto a_at = [&](int row, int k) {
+        const int r = row & 15;
+        const unsigned v = gr.a[(row >> 4) * 32 + (r & 7) * 4 + (k & 7) / 2][(r >> 3) + 2 * (k >> 3)];
+        return (k & 1) ? host::hi(v, BF16) : host::lo(v, BF16);
+    };
+    auto b_at = [&](int k, int n) {
+        const size_t off = start + (k >> 3) * lbo + (n >> 3) * sbo + (n & 7) * 16 + (k & 7) * 2;
+        if (off + 2 > sizeof xs) {
+            if (!host::fault[0])
+                std::snprintf(host::fault, sizeof host::fault, "block (%u, %u): a wgmma reads shared byte %zu, past "
+                              "the %zu", blockIdx.x, blockIdx.y, off, sizeof xs);
+            return 0.0f;
+        }
+        unsigned short h;
+        std::memcpy(&h, reinterpret_cast<const char*>(xs) + off, 2);
+        return act_to_float(h);
+    };
+    const int w = member >> 5, g = (member & 31) >> 2, t = member & 3;
+    float out[4 * NT];
+    for (int c = 0; c < NT; ++c)
+        for (int i = 0; i < 4; ++i) {
+            const int row = 16 * w + g + 8 * (i >> 1), col = 8 * c + 2 * t + (i & 1);
+            double sum = d[4 * c + i];
+            for (int k = 0; k < 16; ++k) sum += (double)a_at(row, k) * (double)b_at(k, col);
+            out[4 * c + i] = (float)sum;
+        }
+    host::wait(host::AT_GROUP);  // every lane has read the fragments before any lane's next wgmma writes them
+    for (int i = 0; i < 4 * NT; ++i) d[i] = out[i];
+}
+
 namespace host {
 static void (*kernel_body)();
 static void fiber_main() {
@@ -288,6 +346,14 @@ inline int run_block(int threads) {
                 std::snprintf(error, sizeof error, "block (%u, %u) warp %d: %d of 32 lanes at an mma, the rest "
                               "elsewhere (a divergent mma.sync)", blockIdx.x, blockIdx.y, w, at_warp);
                 return 1;
+            }
+        }
+        for (int gi = 0; gi < threads / 128; ++gi) {  // a warpgroup whose 128 lanes all wait at a wgmma goes on
+            int at_group = 0;
+            for (int l = 0; l < 128; ++l) at_group += fibers[gi * 128 + l].state == AT_GROUP;
+            if (at_group == 128) {
+                for (int l = 0; l < 128; ++l) fibers[gi * 128 + l].state = RUNNING;
+                moved = true;
             }
         }
         if (moved) continue;

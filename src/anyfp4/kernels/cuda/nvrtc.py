@@ -123,7 +123,8 @@ def _compile(source: str, name: str, sm: int, defines: dict[str, int], extra: li
     _check_nvrtc(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), f"{name}.cu".encode(), 0, None, None),
                  "create")
     try:
-        opts = [f"--gpu-architecture=sm_{sm}".encode(), b"--std=c++17", b"-default-device", b"--use_fast_math",
+        arch = f"sm_{sm}a" if defines.get("WGMMA") else f"sm_{sm}"  # wgmma: sm_90's architecture-specific target
+        opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"-default-device", b"--use_fast_math",
                 *extra]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         res = lib.nvrtcCompileProgram(prog, len(opts), arr)

@@ -53,7 +53,8 @@
 //
 // Compile-time parameters (prepended as #defines by the launcher): FP8, NT (n8 tiles: M <= 8 * NT), MT (m16 tiles per
 // warp), WARPS, KW (warps along K per row tile), DEPTH (steps of code words in flight per thread), BF16 (activation
-// dtype), GATED, HAS_BIAS, MMA_K8 and ASYNC_COPY (the architecture's mma shape and staging copies, above), VEC_X
+// dtype), GATED, HAS_BIAS, MMA_K8 and ASYNC_COPY (the architecture's mma shape and staging copies, above), WGMMA
+// (sm_90a: warpgroup mmas for the m16n8k16 ones, the activations staged in their layout; see its #define), VEC_X
 // (activation rows 16-byte aligned and K % 8 == 0: staged by cp.async), SPLIT (split-K slices, = gridDim.y), OUT_F32
 // (float32 output, unrounded and before the global / row scale: a row-parallel rank's share; plain prepacks without
 // bias only), EARLY (a programmatic dependent launch on sm_90: the block fills its ring of code words — weights, which
@@ -112,6 +113,17 @@ static_assert(TILE_ROWS == 16 && TILE_WORDS == 16 && TILE_BLOCKS == 8, "the lane
 #if SHARED_RING && !ASYNC_COPY
 #error "a shared-memory ring (SHARED_RING) is filled by cp.async: sm_80+"
 #endif
+// WGMMA (sm_90a, NVFP4): each warpgroup's four warps give their decoded 16-row A fragments to one wgmma.mma_async
+// m64nNk16 (N = 8 * NT) per k16, whose B operand (the activations) the tensor cores read from shared memory
+// themselves: no B fragment loads, one instruction for what took NT mma.sync per warp. The staged activations then
+// lie in wgmma's canonical K-major layout (wgmma_word), and a step waits for its wgmmas before the next decodes.
+#ifndef WGMMA
+#define WGMMA 0
+#endif
+#if WGMMA && (FP8 || KW != 1 || WARPS % 4 || EXPERTS || SHARED_RING || !ASYNC_COPY)
+#error "WGMMA: NVFP4, one K warp, whole warpgroups, no expert pairs, a register ring, sm_90a"
+#endif
+#define NP (NT * 8)  // WGMMA: the activation rows a wgmma's B operand holds (rows >= M staged as zeros)
 // A shared-memory ring's words per tile and step: 32 lanes' 16 code bytes of row g and of row g + 8, then (NVFP4)
 // their 4 scale bytes.
 #define RING_SLOT (32 * 4 * 2 + (FP8 ? 0 : 32))
@@ -248,6 +260,64 @@ __device__ __forceinline__ void ring_wait_oldest() {
     asm volatile("cp.async.wait_group %0;" :: "n"(DEPTH - 1) : "memory");
 }
 #endif
+
+#if WGMMA
+// A shared-memory matrix descriptor of a K-major B operand without swizzle: 8 x 16-byte core matrices (8 activation
+// rows of 8 k) of one n8 tile 128 bytes apart (SBO), the two k halves of a k16 16 * NP bytes apart (LBO).
+__device__ __forceinline__ unsigned long long wgmma_desc(const u32* p) {
+    const unsigned long long addr = (u32)__cvta_generic_to_shared(p);
+    return ((addr & 0x3FFFFull) >> 4) | ((unsigned long long)((16 * NP) >> 4) << 16) | ((128ull >> 4) << 32);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Staged by ordinary stores (the generic proxy), read by wgmma (the async proxy): made visible to it.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+#if BF16
+#define WGMMA_TYPES ".f32.bf16.bf16"
+#else
+#define WGMMA_TYPES ".f32.f16.f16"
+#endif
+// d (4 * NT floats, the m16n8 C layout per n8 tile) += A (this warp's 16 rows: the m16n8k16 A fragments) x B (desc).
+__device__ __forceinline__ void wgmma_k16(float* d, u32 a0, u32 a1, u32 a2, u32 a3, unsigned long long desc) {
+#if NT == 1
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %9, 0;\n\t"
+                 "wgmma.mma_async.sync.aligned.m64n8k16" WGMMA_TYPES " {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, "
+                 "0;\n\t}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+#elif NT == 2
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %13, 0;\n\t"
+                 "wgmma.mma_async.sync.aligned.m64n16k16" WGMMA_TYPES " {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, "
+                 "%12, p, 1, 1, 0;\n\t}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+#elif NT == 4
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %21, 0;\n\t"
+                 "wgmma.mma_async.sync.aligned.m64n32k16" WGMMA_TYPES " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,"
+                 "%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n\t}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+#elif NT == 8
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %37, 0;\n\t"
+                 "wgmma.mma_async.sync.aligned.m64n64k16" WGMMA_TYPES " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,"
+                 "%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, "
+                 "%36, p, 1, 1, 0;\n\t}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+#else
+#error "WGMMA: NT is 1, 2, 4 or 8"
+#endif
+}
+#endif  // WGMMA
 
 __device__ __forceinline__ u16 float_to_out(float f) {
     u16 h;
@@ -430,6 +500,16 @@ __device__ __forceinline__ uint4 permute_group(const uint4 w) {
 
 // Where 8-group grp of a staging round goes in its row (in words): FP8 in k order; NVFP4 with the group's two
 // 2-bit fields (t, q) of its step swapped, so that word q of the four threads t lies side by side (X_T, X_Q).
+#if WGMMA
+// WGMMA: where (row m, step sr of a round, 8-group grp = 4t + q of the step) begins in the staged round, in words:
+// the steps one after another (64 NP words each), k16 (q, h) at two core-matrix columns c (4 NP words each: NP
+// rows of 4 words), pair p = 2h + c of the group at p * 4 NP words on, row m at 4m, slot t (k 2t, 2t + 1 of the
+// core matrix's 8).
+__device__ __forceinline__ int wgmma_word(const int m, const int sr, const int grp) {
+    return sr * 64 * NP + (grp & 3) * 16 * NP + m * 4 + (grp >> 2);
+}
+#endif
+
 __device__ __forceinline__ int staged_word(const int grp) {
 #if FP8
     return grp * 4;
@@ -618,6 +698,42 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         k = (s + (j - kw) * (s_end - s_beg)) * STEP + grp * 8;  // K warp j's step at this warp's step s
         return xs + (j * M + m) * xs_stride + staged_word(grp);
     };
+#if WGMMA
+    // The round's activations in wgmma's layout: 8-group grp = 4t + q of step sr (its pairs p = 2h + c permuted as
+    // for the register fragments) of row m at wgmma_word(m, sr, grp) + p * 4 * NP; rows M .. NP - 1 zeros.
+    auto stage = [&](const int s) {
+        const int c1 = min(s + round_steps, s_end);
+        const int groups = (c1 - s) * (STEP / 8), total = NP * groups;
+        __syncthreads();  // every wgmma of the round before has been waited for (wgmma_wait, each step)
+        for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
+            const int m = idx / groups, gr = idx - m * groups, k = s * STEP + gr * 8;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (m < M) {
+                const u16* xr = x + (long long)m * stride_xm;
+#if VEC_X
+                if (k < K) v = *reinterpret_cast<const uint4*>(xr + k);
+#else
+                u32 w[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    w[i] = (k + 2 * i < K ? (u32)xr[k + 2 * i] : 0u)
+                           | ((k + 2 * i + 1 < K ? (u32)xr[k + 2 * i + 1] : 0u) << 16);
+                v = make_uint4(w[0], w[1], w[2], w[3]);
+#endif
+            }
+            const uint4 pv = permute_group(v);
+            u32* dst = xs + wgmma_word(m, gr >> 4, gr & 15);
+            dst[0] = pv.x;
+            dst[4 * NP] = pv.y;
+            dst[8 * NP] = pv.z;
+            dst[12 * NP] = pv.w;
+        }
+        fence_proxy_async();
+        __syncthreads();
+        round_beg = s;
+        round_end = c1;
+    };
+#else
     auto stage = [&](const int s) {
         const int c1 = min(s + round_steps, s_end);
         const int groups = (c1 - s) * (STEP / 8), total = KW * M * groups;
@@ -681,6 +797,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     const u32* xrow[NT];
 #pragma unroll
     for (int b = 0; b < NT; ++b) xrow[b] = xs + (kw * M + min(b * 8 + fg, M - 1)) * xs_stride + ft * X_T;
+#endif  // WGMMA
+#if WGMMA
+    (void)fg, (void)ft, (void)xs_stride, (void)round_group;
+#endif
 
     // Step d of the pass starting at s0 (x0: its staged activations, relative to xrow); then refill ring slot d.
     auto step = [&](const int s0, const int d, const int x0) {
@@ -712,6 +832,37 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 for (int b = 0; b < NT; ++b) mma_k16(MMA_ACC(a, b), a0, a1, a2, a3, bx[b].x, bx[b].y);
             }
         }
+#elif WGMMA
+        // the step's A fragments first (k16 (q, h): pairs 2h, 2h + 1 of word q), then its 8 x TILES wgmmas, waited for
+        // before the next step decodes into these registers
+        u32 ha[4][TILES][4], hb[4][TILES][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int a = 0; a < TILES; ++a) {
+                const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
+                const u32 bsa = scale_pair(sw[d][a], q >> 1), bsb = scale_pair(sw[d][a], 2 + (q >> 1));
+#pragma unroll
+                for (int p = 0; p < 4; ++p) {
+                    ha[q][a][p] = mul2(decode_pair(va, p), bsa);
+                    hb[q][a][p] = mul2(decode_pair(vb, p), bsb);
+                }
+            }
+        const u32* xstep = xs + (s0 + d - round_beg) * 64 * NP;
+        wgmma_fence();
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned long long desc = wgmma_desc(xstep + (q * 4 + 2 * h) * 4 * NP);
+#pragma unroll
+                for (int a = 0; a < TILES; ++a)
+                    wgmma_k16(&acc[a][0][0], ha[q][a][2 * h], hb[q][a][2 * h], ha[q][a][2 * h + 1],
+                              hb[q][a][2 * h + 1], desc);
+            }
+        wgmma_commit();
+        wgmma_wait();
+        (void)xoff;
 #else
 #pragma unroll
         for (int q = 0; q < 4; ++q) {

@@ -1,7 +1,9 @@
 """Weight-only decode GEMM for M <= 64 on sm_80+ as a CUDA C++ kernel (``cuda/weight_mma.cu``, compiled at
 run time by NVRTC) for NVFP4 and FP8 prepacks: weights decoded in registers straight into the A operand of
 ``mma.sync`` m16n8k16, so nothing but the activations goes through shared memory. The source file explains
-the decode and the split-K; this module holds launch configurations and the launchers.
+the decode and the split-K; this module holds launch configurations and the launchers. On sm_90 a launch may give
+the decoded fragments to warpgroup mmas instead (``MMAConfig.wgmma``; compiled for sm_90a), which read the activations
+from shared memory themselves.
 
 It reads the same prepacks as the Triton kernels (``packing/nvfp4.py``, ``packing/fp8.py``), which stay the
 portable path for sm_70/75 and wherever NVRTC is missing; ``ANYFP4_KERNELS=triton`` forces them. The source's
@@ -35,6 +37,7 @@ from .weight_mma_geometry import (STAGE_BYTES, k_slices, k_warps_refusal, n_tile
 
 MIN_SM = 75  # sm_75: fp16 activations, two m16n8k8 mmas per m16n8k16 product, staging copies through registers
 ASYNC_SM = 80  # sm_80+: the m16n8k16 mma (fp16 and bf16) and cp.async staging
+WGMMA_SM = 90  # MMAConfig.wgmma: warpgroup mmas, compiled for sm_90a (nvrtc)
 # sm_70: fp16 activations, each quad pair's m8n8k4 products over its k slots (QUAD_PAIRS in the source); compiled
 # by CUDA 12's NVRTC (CUDA 13's no longer targets sm_70: ANYFP4_NVRTC names another libnvrtc).
 SOURCE_MIN_SM = 70
@@ -140,7 +143,7 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     if refusal:
         raise ValueError(f"{refusal} of K = {k_pad}")
     least = c.depth * STEP_K[fmt]  # the kernel stages at the start of a pass only
-    kc = stage_k(m, max(0, stage_bytes - ring_bytes(c, up_offset > 0, fmt)) // c.kw, least, fmt)
+    kc = stage_k(m, max(0, stage_bytes - ring_bytes(c, up_offset > 0, fmt)) // c.kw, least, fmt, c.wgmma)
     slice_k = -(-steps // k_slices(c)) * STEP_K[fmt]  # the longest slice: one round covers it
     while kc // 2 >= max(least, slice_k):
         kc //= 2
@@ -158,10 +161,14 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
                          f"for {m} rows keeps more than {QUAD_PAIR_SUMS} sums per thread: give it fewer tiles")
     if early and sm < 90 or c.shared_ring and sm < ASYNC_SM:
         raise ValueError(f"an early launch needs sm_90+, a shared ring sm_{ASYNC_SM}+ (sm_{sm}: early {early}, {c})")
+    if c.wgmma and (sm != WGMMA_SM or fmt != "nvfp4" or c.kw != 1 or c.warps % 4 or c.shared_ring or experts):
+        pairs = " (expert pairs)" if experts else ""
+        raise ValueError(f"warpgroup mmas (wgmma) run NVFP4 on sm_{WGMMA_SM} with one K warp, whole warpgroups of "
+                         f"warps and a register ring, not {fmt} on sm_{sm} with {c}{pairs}")
     defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), **arch_defines(sm),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
-                   SHARED_RING=c.shared_ring,
+                   SHARED_RING=c.shared_ring, WGMMA=c.wgmma,
                    GATED=int(gated), HAS_BIAS=int(bias is not None), EXPERTS=int(experts is not None),
                    VEC_X=int(x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and k % 8 == 0))  # cp.async staging
     if out is None:

@@ -51,7 +51,7 @@ def ring_bytes(c: MMAConfig, gated: bool, fmt: str) -> int:
 def shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str, kc: int) -> int:
     """Dynamic shared memory of a block of config ``c`` staging ``kc`` k per round: each K warp's rows, or what
     its K warps meet in, where more; then its shared ring (16-byte aligned, as weight_mma.cu places it)."""
-    staged = max(c.kw * stage_bytes_for(m, kc, fmt), reduction_bytes(c, m, gated))
+    staged = max(c.kw * stage_bytes_for(m, kc, fmt, c.wgmma), reduction_bytes(c, m, gated))
     return -(-staged // 16) * 16 + ring_bytes(c, gated, fmt) if c.shared_ring else staged
 
 
@@ -66,17 +66,20 @@ def least_shared_bytes(c: MMAConfig, m: int, gated: bool, fmt: str) -> int:
 STAGE_BYTES = 128 * 1024
 
 
-def stage_bytes_for(m: int, kc: int, fmt: str = "nvfp4") -> int:
-    """Dynamic shared memory of a block staging ``kc`` k of ``m`` activation rows."""
+def stage_bytes_for(m: int, kc: int, fmt: str = "nvfp4", wgmma: int = 0) -> int:
+    """Dynamic shared memory of a block staging ``kc`` k of ``m`` activation rows (``wgmma``: all 8 x n8-tile rows of
+    the B operand, unpadded, as weight_mma.cu's wgmma_word places them)."""
+    if wgmma:
+        return 8 * n_tiles_for(m) * kc * 2
     return m * (kc // 2 + XS_PAD[fmt]) * 4
 
 
-def stage_k(m: int, stage_bytes: int | None = None, least: int = 128, fmt: str = "nvfp4") -> int:
+def stage_k(m: int, stage_bytes: int | None = None, least: int = 128, fmt: str = "nvfp4", wgmma: int = 0) -> int:
     """k staged in shared memory per round: a power of two in [``least``, 4096] (``least``: a power of two, the k
     of one pass of the kernel's ring, which rounds must be whole passes of), at most ``STAGE_BYTES`` unless even
     ``least`` is more."""
     cap = stage_bytes or STAGE_BYTES
     kc = 4096
-    while kc > least and stage_bytes_for(m, kc, fmt) > cap:
+    while kc > least and stage_bytes_for(m, kc, fmt, wgmma) > cap:
         kc //= 2
     return kc

@@ -1,0 +1,135 @@
+"""The CUDA decode kernel's warpgroup mmas (``MMAConfig.wgmma``, sm_90a): the activations staged in wgmma's K-major
+layout and read by the tensor cores from shared memory, the decoded weight fragments given from registers. On the
+CPU the host build runs it (``host_cuda.h`` computes each wgmma from the warpgroup's fragments and the shared memory
+its descriptor names, as the PTX ISA lays that out); NVRTC compiles every variant for sm_90a; on an sm_90 GPU the
+device runs it."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import host_cuda
+from anyfp4.dispatch.configs import MMAConfig
+from anyfp4.formats.nvfp4 import dequantize_nvfp4
+from anyfp4.kernels.cuda import nvrtc, weight_mma
+from anyfp4.kernels.cuda.weight_mma_defines import source_defines
+from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
+from mma_checks import check_kernel, nvfp4_weight, rel_err
+
+N, K = 200, 1040  # neither a row tile nor a K tile multiple: padded rows and a K tail
+# (rows, config): n8 tiles 1, 2, 4 and 8; one and two warpgroups; two m16 tiles a warp; split-K; rings of 2 and 4
+CASES = [(1, MMAConfig(1, 4, 1, 2, wgmma=1)), (7, MMAConfig(1, 8, 1, 4, wgmma=1)),
+         (16, MMAConfig(2, 4, 3, 2, wgmma=1)), (32, MMAConfig(1, 8, 2, 2, wgmma=1)),
+         (33, MMAConfig(1, 4, 1, 4, wgmma=1)), (64, MMAConfig(1, 8, 1, 2, wgmma=1))]
+needs_host = pytest.mark.skipif(not host_cuda.available(), reason="needs a host C++ compiler (g++)")
+needs_nvrtc = pytest.mark.skipif(not nvrtc.compiler_available(), reason="needs NVRTC")
+
+
+def layers(gen, device="cpu"):
+    w, gate, up = (nvfp4_weight(N, K, gen, torch.tensor(2e-3), device=device) for _ in range(3))
+    return prepack_nvfp4(w), prepack_nvfp4_gated(gate, up), [dequantize_nvfp4(t).double() for t in (w, gate, up)]
+
+
+@needs_host
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_warpgroup_mmas_give_the_mma_sync_sums(dtype):
+    """The same float32 sums as the mma.sync launch of the same rows, ring and split, bit for bit (the host rounds
+    each k16 product's exact sum once in both) — staged once or every pass, gated too — and the reference's values
+    with poisoned outputs, bias, strided rows."""
+    gen = torch.Generator().manual_seed(41)
+    p, pg, (wd, gd, ud) = layers(gen)
+    run, tight = host_cuda.gemm("nvfp4", sm=90), host_cuda.gemm("nvfp4", tight=True, sm=90)
+    for m, cfg in CASES:
+        x = torch.randn(m, K, generator=gen).to(dtype)
+        sums = run(x, p, None, cfg, out_dtype=torch.float32)
+        assert torch.equal(sums, run(x, p, None, replace(cfg, wgmma=0), out_dtype=torch.float32)), (m, cfg)
+        assert torch.equal(tight(x, p, None, cfg, out_dtype=torch.float32), sums), (m, cfg)
+        if m <= 32:
+            assert torch.equal(run(x, pg, None, cfg), run(x, pg, None, replace(cfg, wgmma=0))), (m, cfg)
+    bias = torch.randn(N, generator=gen).to(dtype)
+    check_kernel(run, p, pg, wd, gd, ud, bias, CASES[:4], gen)
+
+
+@needs_host
+def test_a_rows_sums_do_not_depend_on_the_other_rows():
+    """Rows 0..M-1 of a wgmma launch (B operands of 8 to 64 columns) have the bits of the same rows alone."""
+    gen = torch.Generator().manual_seed(42)
+    p, _, _ = layers(gen)
+    run = host_cuda.gemm("nvfp4", sm=90)
+    x = torch.randn(64, K, generator=gen).to(torch.bfloat16)
+    cfg = MMAConfig(1, 8, 2, 2, wgmma=1)
+    alone = {i: run(x[i:i + 1], p, None, cfg, out_dtype=torch.float32) for i in (0, 9, 40, 63)}
+    for m in (16, 33, 64):
+        y = run(x[:m], p, None, cfg, out_dtype=torch.float32)
+        assert all(torch.equal(y[i:i + 1], s) for i, s in alone.items() if i < m), m
+
+
+@pytest.mark.parametrize("sm, fmt, cfg, match", [
+    (80, "nvfp4", MMAConfig(1, 4, 1, 2, wgmma=1), "on sm_90"),
+    (90, "fp8", MMAConfig(1, 4, 1, 2, wgmma=1), "run NVFP4"),
+    (90, "nvfp4", MMAConfig(1, 8, 1, 2, kw=2, wgmma=1), "one K warp"),
+    (90, "nvfp4", MMAConfig(1, 2, 1, 2, wgmma=1), "whole warpgroups"),
+    (90, "nvfp4", MMAConfig(1, 4, 1, 2, shared_ring=1, wgmma=1), "register ring"),
+])
+def test_warpgroup_mmas_are_refused_where_they_cannot_run(sm, fmt, cfg, match):
+    gen = torch.Generator().manual_seed(43)
+    x = torch.randn(4, 256, generator=gen).to(torch.bfloat16)
+    codes = torch.zeros(128, 32 if fmt == "nvfp4" else 64, dtype=torch.int32)
+    scales = torch.zeros(128, 16, dtype=torch.uint8) if fmt == "nvfp4" else None
+    with pytest.raises(ValueError, match=match):
+        weight_mma.plan_launch(fmt, x, codes, scales, torch.ones(1 if fmt == "nvfp4" else 128), None, 128, 0, cfg,
+                               None, None, stage_bytes=65536, early=False, counters=None, sm=sm)
+
+
+def test_the_staged_bytes_of_a_warpgroup_launch():
+    """The B operand's rows (8 per n8 tile, unpadded) x the round's k, bf16 / fp16: what the kernel's wgmma_word
+    addresses."""
+    x = torch.randn(20, 1024).to(torch.bfloat16)
+    codes, scales = torch.zeros(128, 128, dtype=torch.int32), torch.zeros(128, 64, dtype=torch.uint8)
+    plan = weight_mma.plan_launch("nvfp4", x, codes, scales, torch.ones(1), None, 128, 0,
+                                  MMAConfig(1, 4, 1, 2, wgmma=1), None, None, stage_bytes=65536, early=False,
+                                  counters=None, sm=90)
+    kc = plan.args[-6]  # the round's k (the last of the launch's integers before the expert ones)
+    assert plan.defines["WGMMA"] == 1 and plan.defines["NT"] == 4 and kc == 1024
+    assert plan.shared_bytes == 32 * kc * 2
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("gated", [0, 1])
+def test_every_warpgroup_variant_compiles_for_sm90a(gated):
+    """n8 tiles 1, 2, 4, 8, bf16 and fp16, one and two m16 tiles a warp: compiled for sm_90a, no spills."""
+    import re
+
+    src = weight_mma.source_text()
+    for nt, mt, bf16 in ((1, 1, 1), (2, 2, 0), (4, 1, 1), (8, 1, 0)):
+        defines = dict(source_defines("nvfp4", "bf16" if bf16 else "fp16"), FP8=0, NT=nt, MT=mt, WARPS=8, DEPTH=2,
+                       BF16=bf16, GATED=gated, HAS_BIAS=1 - gated, OUT_F32=0, EARLY=1, VEC_X=1, SPLIT=2, KW=1,
+                       SHARED_RING=0, WGMMA=1, **weight_mma.arch_defines(90))
+        log = nvrtc.ptxas_report(src, weight_mma.KERNEL, 90, defines)
+        assert "for 'sm_90a'" in log and re.search(r"Used \d+ registers", log), log[-2000:]
+        assert "0 bytes spill stores" in log or (gated and nt == 8), (nt, mt, bf16, log[-2000:])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm_90 GPU")
+def test_warpgroup_mmas_on_the_gpu():
+    """On the device: the reference's values, every output written, and the mma.sync launch's float32 sums bit for
+    bit (if the hardware's warpgroup mma sums a k16 product otherwise, this is where it shows)."""
+    from anyfp4.kernels.cuda import counters
+
+    gen = torch.Generator(device="cuda").manual_seed(44)
+    p, pg, (wd, gd, ud) = layers(gen, device="cuda")
+    counters.reserve_counters(torch.device("cuda"))
+    for m, cfg in CASES:
+        x = torch.randn(m, K, device="cuda", generator=gen).to(torch.bfloat16)
+        out = torch.full((m, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        y = weight_mma.nvfp4_mma_gemm(x, p, None, cfg, out=out)
+        assert not y.isnan().any() and rel_err(y, x.double() @ wd.t()) < 4e-3, (m, cfg)
+        sums = weight_mma.nvfp4_mma_gemm(x, p, None, cfg, out_dtype=torch.float32)
+        assert torch.equal(sums, weight_mma.nvfp4_mma_gemm(x, p, None, replace(cfg, wgmma=0),
+                                                           out_dtype=torch.float32)), (m, cfg)
+        if m <= 32:
+            g = weight_mma.nvfp4_mma_gemm(x, pg, None, cfg)
+            ref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
+            assert rel_err(g, ref) < 8e-3, (m, cfg)
