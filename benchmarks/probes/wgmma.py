@@ -66,9 +66,9 @@ def main() -> None:
             base = timed(table)
             rows = []
             # the table's K slices as split-K blocks (one K warp), every warpgroup shape
-            for w, d, mt in itertools.product(args.warps, args.depths, args.mts):
+            for w, d, mt, wg in itertools.product(args.warps, args.depths, args.mts, (1, 2)):
                 rows.append(timed(replace(table, mt=mt, warps=w, depth=d, kw=1, split_k=slices, shared_ring=0,
-                                          wgmma=1)))
+                                          wgmma=wg)))
             ran = [r for r in rows if "us" in r]
             if not ran:
                 print(f"{spec} m={m}: no warpgroup launch ran ({rows[0].get('refused')})", flush=True)

@@ -266,6 +266,7 @@ inline unsigned long long wgmma_desc(const unsigned* p) {
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 inline void wgmma_wait() {}
+inline void wgmma_wait_previous() {}
 inline void fence_proxy_async() {}
 inline void wgmma_k16(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long desc) {
     const int tid = (int)threadIdx.x, member = tid & 127;

@@ -21,7 +21,7 @@ N, K = 200, 1040  # neither a row tile nor a K tile multiple: padded rows and a 
 # (rows, config): n8 tiles 1, 2, 4 and 8; one and two warpgroups; two m16 tiles a warp; split-K; rings of 2 and 4
 CASES = [(1, MMAConfig(1, 4, 1, 2, wgmma=1)), (7, MMAConfig(1, 8, 1, 4, wgmma=1)),
          (16, MMAConfig(2, 4, 3, 2, wgmma=1)), (32, MMAConfig(1, 8, 2, 2, wgmma=1)),
-         (33, MMAConfig(1, 4, 1, 4, wgmma=1)), (64, MMAConfig(1, 8, 1, 2, wgmma=1))]
+         (33, MMAConfig(1, 4, 1, 4, wgmma=2)), (64, MMAConfig(1, 8, 1, 2, wgmma=2))]
 needs_host = pytest.mark.skipif(not host_cuda.available(), reason="needs a host C++ compiler (g++)")
 needs_nvrtc = pytest.mark.skipif(not nvrtc.compiler_available(), reason="needs NVRTC")
 
@@ -71,6 +71,7 @@ def test_a_rows_sums_do_not_depend_on_the_other_rows():
     (90, "nvfp4", MMAConfig(1, 8, 1, 2, kw=2, wgmma=1), "one K warp"),
     (90, "nvfp4", MMAConfig(1, 2, 1, 2, wgmma=1), "whole warpgroups"),
     (90, "nvfp4", MMAConfig(1, 4, 1, 2, shared_ring=1, wgmma=1), "register ring"),
+    (90, "nvfp4", MMAConfig(1, 4, 1, 2, wgmma=3), "wgmma is 0"),
 ])
 def test_warpgroup_mmas_are_refused_where_they_cannot_run(sm, fmt, cfg, match):
     gen = torch.Generator().manual_seed(43)
@@ -98,14 +99,15 @@ def test_the_staged_bytes_of_a_warpgroup_launch():
 @needs_nvrtc
 @pytest.mark.parametrize("gated", [0, 1])
 def test_every_warpgroup_variant_compiles_for_sm90a(gated):
-    """n8 tiles 1, 2, 4, 8, bf16 and fp16, one and two m16 tiles a warp: compiled for sm_90a, no spills."""
+    """n8 tiles 1, 2, 4, 8, bf16 and fp16, one and two m16 tiles a warp, waited for each step or a step later:
+    compiled for sm_90a, no spills."""
     import re
 
     src = weight_mma.source_text()
-    for nt, mt, bf16 in ((1, 1, 1), (2, 2, 0), (4, 1, 1), (8, 1, 0)):
+    for nt, mt, bf16, wgmma in ((1, 1, 1, 1), (2, 2, 0, 2), (4, 1, 1, 2), (8, 1, 0, 1)):
         defines = dict(source_defines("nvfp4", "bf16" if bf16 else "fp16"), FP8=0, NT=nt, MT=mt, WARPS=8, DEPTH=2,
                        BF16=bf16, GATED=gated, HAS_BIAS=1 - gated, OUT_F32=0, EARLY=1, VEC_X=1, SPLIT=2, KW=1,
-                       SHARED_RING=0, WGMMA=1, **weight_mma.arch_defines(90))
+                       SHARED_RING=0, WGMMA=wgmma, **weight_mma.arch_defines(90))
         log = nvrtc.ptxas_report(src, weight_mma.KERNEL, 90, defines)
         assert "for 'sm_90a'" in log and re.search(r"Used \d+ registers", log), log[-2000:]
         assert "0 bytes spill stores" in log or (gated and nt == 8), (nt, mt, bf16, log[-2000:])

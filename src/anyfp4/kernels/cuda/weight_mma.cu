@@ -116,7 +116,8 @@ static_assert(TILE_ROWS == 16 && TILE_WORDS == 16 && TILE_BLOCKS == 8, "the lane
 // WGMMA (sm_90a, NVFP4): each warpgroup's four warps give their decoded 16-row A fragments to one wgmma.mma_async
 // m64nNk16 (N = 8 * NT) per k16, whose B operand (the activations) the tensor cores read from shared memory
 // themselves: no B fragment loads, one instruction for what took NT mma.sync per warp. The staged activations then
-// lie in wgmma's canonical K-major layout (wgmma_word), and a step waits for its wgmmas before the next decodes.
+// lie in wgmma's canonical K-major layout (wgmma_word). WGMMA 1: a step waits for its wgmmas before the next
+// decodes; 2: they stay in flight while the next step decodes (two steps' fragments live: more registers).
 #ifndef WGMMA
 #define WGMMA 0
 #endif
@@ -272,6 +273,10 @@ __device__ __forceinline__ unsigned long long wgmma_desc(const u32* p) {
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// All but the latest group done: the step before's wgmmas (and so its fragment registers) are finished.
+__device__ __forceinline__ void wgmma_wait_previous() {
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+}
 // Staged by ordinary stores (the generic proxy), read by wgmma (the async proxy): made visible to it.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
@@ -704,7 +709,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     auto stage = [&](const int s) {
         const int c1 = min(s + round_steps, s_end);
         const int groups = (c1 - s) * (STEP / 8), total = NP * groups;
-        __syncthreads();  // every wgmma of the round before has been waited for (wgmma_wait, each step)
+        wgmma_wait();  // every wgmma that reads the round before has finished
+        __syncthreads();
         for (int idx = threadIdx.x; idx < total; idx += WARPS * 32) {
             const int m = idx / groups, gr = idx - m * groups, k = s * STEP + gr * 8;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -861,7 +867,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                               hb[q][a][2 * h + 1], desc);
             }
         wgmma_commit();
+#if WGMMA == 2
+        wgmma_wait_previous();  // this step's stay in flight while the next step decodes (its fragments live on)
+#else
         wgmma_wait();
+#endif
         (void)xoff;
 #else
 #pragma unroll
@@ -937,6 +947,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     for (int a = 0; a < TILES; ++a)
 #pragma unroll
         for (int b = 0; b < NT; ++b) quad_pairs_to_c(qacc[a][b], acc[a][b], lane);
+#endif
+#if WGMMA
+    wgmma_wait();  // the last step's wgmmas, before the sums are read
 #endif
 #if KW > 1
     // The K warps' sums meet in shared memory, in the staged activations' place (the launcher gives a block enough

@@ -161,6 +161,9 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
                          f"for {m} rows keeps more than {QUAD_PAIR_SUMS} sums per thread: give it fewer tiles")
     if early and sm < 90 or c.shared_ring and sm < ASYNC_SM:
         raise ValueError(f"an early launch needs sm_90+, a shared ring sm_{ASYNC_SM}+ (sm_{sm}: early {early}, {c})")
+    if c.wgmma not in (0, 1, 2):
+        raise ValueError(f"wgmma is 0 (mma.sync), 1 or 2 (warpgroup mmas, waited for each step or a step later), "
+                         f"not {c.wgmma}")
     if c.wgmma and (sm != WGMMA_SM or fmt != "nvfp4" or c.kw != 1 or c.warps % 4 or c.shared_ring or experts):
         pairs = " (expert pairs)" if experts else ""
         raise ValueError(f"warpgroup mmas (wgmma) run NVFP4 on sm_{WGMMA_SM} with one K warp, whole warpgroups of "
