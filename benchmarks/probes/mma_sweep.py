@@ -54,16 +54,19 @@ SLICE_COUNTS = (1, 2, 4, 8, 16, 32)  # the K-slice counts M = 1 is swept over un
 
 
 def configs_for(m: int, gated: bool, k_pad: int, step: int = 128, slices: int = 0, k_warps=(1, 2, 4, 8),
-                counts=SLICE_COUNTS, rings=(0,)):
+                counts=SLICE_COUNTS, rings=(0,), wgmmas=(0,)):
     """Launch configs to time; ``slices`` (> 0) fixes the K slices, split-K x K warps (M > 1 runs with M = 1's
     slices, see below), else each of ``counts``; ``k_warps``: the K warps per row tile to try (K warps beside a
     count that is not a power of two: refused by the kernel, skipped); ``rings``: 0 register rings, 1 shared rings
     (their depth costs no registers: the register limits below do not apply; a launch whose shared memory does
-    not fit is refused and skipped)."""
+    not fit is refused and skipped); ``wgmmas``: 0 mma.sync, 1 / 2 warpgroup mmas (one K warp, 4 or 8 warps, a
+    register ring)."""
     steps = k_pad // step
-    for mt, warps, total, depth, kw, ring in itertools.product((1, 2, 4), (2, 4, 8),
-                                                               (slices,) if slices else counts, (2, 4, 8),
-                                                               k_warps, rings):
+    totals = (slices,) if slices else counts
+    for mt, warps, total, depth, kw, ring, wg in itertools.product((1, 2, 4), (2, 4, 8), totals, (2, 4, 8), k_warps,
+                                                                   rings, wgmmas):
+        if wg and (kw > 1 or warps == 2 or ring or depth == 8 or mt == 4):
+            continue  # the kernel's warpgroup mmas: one K warp, whole warpgroups, a register ring; registers
         if ring:
             if mt == 4 or (mt == 2 and gated):
                 continue  # the sums' registers
@@ -79,7 +82,7 @@ def configs_for(m: int, gated: bool, k_pad: int, step: int = 128, slices: int = 
             continue
         if total > steps or (total == 32 and not slices and kw < 4):
             continue
-        cfg = MMAConfig(mt=mt, warps=warps, split_k=total // kw, depth=depth, kw=kw, shared_ring=ring)
+        cfg = MMAConfig(mt=mt, warps=warps, split_k=total // kw, depth=depth, kw=kw, shared_ring=ring, wgmma=wg)
         if total % kw or k_warps_refusal(cfg, steps):
             continue  # K warps the kernel does not take
         if depth > 2 and depth > -(-steps // total):
@@ -169,11 +172,11 @@ def table_slices(device, fmt, gated, n, k, k_pad) -> int:
 
 
 def best_by_slices(time_config, m: int, gated: bool, k_pad: int, step: int, slices: int = 0,
-                   counts=SLICE_COUNTS, rings=(0,)) -> dict:
+                   counts=SLICE_COUNTS, rings=(0,), wgmmas=(0,)) -> dict:
     """{K slices: (seconds, config)}: the fastest config at ``m`` rows for each number of K slices (only ``slices``
     if > 0); ``time_config(cfg, m)`` times one (None where the launch refuses it)."""
     best: dict = {}
-    for cfg in configs_for(m, gated, k_pad, step, slices, counts=counts, rings=rings):
+    for cfg in configs_for(m, gated, k_pad, step, slices, counts=counts, rings=rings, wgmmas=wgmmas):
         t = time_config(cfg, m)
         if t is not None and (k_slices(cfg) not in best or t < best[k_slices(cfg)][0]):
             best[k_slices(cfg)] = (t, cfg)
@@ -193,16 +196,16 @@ def choose_slices(ms: list[int], timed: dict) -> int:
 
 
 def sweep_shape(time_config, ms: list[int], gated: bool, k_pad: int, step: int, candidates: int,
-                fixed_slices: int = 0, counts=SLICE_COUNTS, rings=(0,)) -> tuple[int, dict]:
+                fixed_slices: int = 0, counts=SLICE_COUNTS, rings=(0,), wgmmas=(0,)) -> tuple[int, dict]:
     """(the K slices chosen, ``timed``): M = 1 over every number of slices (or ``fixed_slices``), then the other M
     at the ``candidates`` fastest slice counts of M = 1 (``choose_slices`` picks among them)."""
-    first = best_by_slices(time_config, ms[0], gated, k_pad, step, fixed_slices, counts, rings)
+    first = best_by_slices(time_config, ms[0], gated, k_pad, step, fixed_slices, counts, rings, wgmmas)
     ranked = sorted(first, key=lambda sl: first[sl][0])[:max(1, candidates)]
     timed = {ms[0]: {sl: first[sl] for sl in ranked}}
     for m in ms[1:]:
         timed[m] = {}
         for sl in ranked:
-            timed[m].update(best_by_slices(time_config, m, gated, k_pad, step, sl, rings=rings))
+            timed[m].update(best_by_slices(time_config, m, gated, k_pad, step, sl, rings=rings, wgmmas=wgmmas))
     return choose_slices(ms, timed), timed
 
 
@@ -219,7 +222,7 @@ def behind_norm(xs: dict) -> dict:
 
 
 def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),), ms=None, candidates=2,
-          after_norm=False, keep_slices=False, counts=SLICE_COUNTS, rings=(0,)):
+          after_norm=False, keep_slices=False, counts=SLICE_COUNTS, rings=(0,), wgmmas=(0,)):
     torch.backends.cuda.matmul.allow_tf32 = False
     make, bpw, kernel, op, step = FORMATS[fmt]
     shapes = shapes or (SHAPES[:3] + [(28672, 8192)] if quick else SHAPES)
@@ -244,7 +247,7 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
             return t
 
         fixed = 0 if ms[0] == 1 and not keep_slices else table_slices(device, fmt, False, n, k, k_pad)
-        chosen, timed = sweep_shape(time_config, ms, False, k_pad, step, candidates, fixed, counts, rings)
+        chosen, timed = sweep_shape(time_config, ms, False, k_pad, step, candidates, fixed, counts, rings, wgmmas)
         for m in ms:
             x = xs[m]
             t_bf16 = timed_calls(m, lambda i: torch.nn.functional.linear(x, wb[i % bcopies]))
@@ -287,7 +290,7 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
                 return None
 
         fixed = 0 if ms[0] == 1 and not keep_slices else table_slices(device, fmt, True, n, k, k_pad)
-        chosen, timed = sweep_shape(time_gated, ms, True, k_pad, step, candidates, fixed, counts, rings)
+        chosen, timed = sweep_shape(time_gated, ms, True, k_pad, step, candidates, fixed, counts, rings, wgmmas)
         for m in ms:
             x = xs[m]
             t_bf16 = timed_calls(m, lambda i: torch.nn.functional.linear(x, wb[i % 4]))
@@ -329,7 +332,7 @@ def table_lines(path: str) -> list[str]:
     for key, rows in (("sweep", report.get("sweep", [])), ("gated", report.get("gated", []))):
         entries = [json.dumps({"format": r["format"], "k": r["k"], "n": r["n"], "m": r["m"],
                                "best_cfg": {f: r["best_cfg"][f] for f in ("mt", "warps", "split_k", "depth", "kw",
-                                                                            "shared_ring")
+                                                                            "shared_ring", "wgmma")
                                             if r["best_cfg"].get(f)}})
                    for r in sorted(rows, key=lambda r: (r["format"], r["k"], r["n"], r["m"]))]
         lines += [f'  "{key}": [', *[f"    {e}," for e in entries[:-1]], *[f"    {e}" for e in entries[-1:]],
@@ -361,6 +364,7 @@ def main():
                     help="the K-slice counts M = 1 is swept over (any count: a count that is not a power of two runs "
                          "as split-K alone, e.g. 3 6 12 24 to fill a GPU's waves of blocks)")
     ap.add_argument("--shared-ring", action="store_true", help="sweep shared-memory rings (MMAConfig.shared_ring) too")
+    ap.add_argument("--wgmma", action="store_true", help="sweep warpgroup mmas (MMAConfig.wgmma 1 and 2, NVFP4) too")
     args = ap.parse_args()
     if args.print_table:
         print("\n".join(table_lines(args.print_table)))
@@ -382,7 +386,7 @@ def main():
         for fmt in args.formats:
             sweep(device, report, args.quick, fmt, parse(args.shapes), parse(args.gated) or (), args.ms,
                   args.slice_candidates, args.after_norm, args.keep_slices, tuple(args.slice_counts),
-                  (0, 1) if args.shared_ring else (0,))
+                  (0, 1) if args.shared_ring else (0,), (0, 1, 2) if args.wgmma and fmt == "nvfp4" else (0,))
     report["seconds"] = time.time() - t0
     Path(args.out).write_text(json.dumps(report, indent=1))
 

@@ -66,3 +66,37 @@ def test_every_m_is_swept_with_shared_rings_too(sweep):
         return 1.0 + 1e-9 * cfg.depth * cfg.warps
     sweep.sweep_shape(time_config, [1, 16], False, 4096, 128, candidates=1, rings=(0, 1))
     assert {(1, 0), (1, 1), (16, 0), (16, 1)} <= set(seen)
+
+
+def test_warpgroup_mmas_are_swept_where_the_kernel_takes_them(sweep):
+    """``--wgmma``: warpgroup mmas (1 and 2) beside mma.sync, one K warp, 4 or 8 warps, register rings of 2 or 4,
+    one or two m16 tiles; every M bucket times them too."""
+    both = list(sweep.configs_for(16, False, 8192, wgmmas=(0, 1, 2)))
+    wg = [c for c in both if c.wgmma]
+    assert {c.wgmma for c in wg} == {1, 2} and any(not c.wgmma for c in both)
+    assert all(c.kw == 1 and c.warps in (4, 8) and c.depth in (2, 4) and c.mt in (1, 2) and not c.shared_ring
+               for c in wg)
+    seen = set()
+
+    def time_config(cfg, m):
+        seen.add((m, cfg.wgmma))
+        return 1.0 + 1e-9 * cfg.depth * cfg.warps
+    sweep.sweep_shape(time_config, [1, 16], False, 4096, 128, candidates=1, wgmmas=(0, 2))
+    assert {(1, 0), (1, 2), (16, 0), (16, 2)} <= seen
+
+
+def test_a_swept_warpgroup_config_reaches_the_launch_table(sweep, tmp_path):
+    """A sweep's best config with warpgroup mmas: its table line keeps ``wgmma``, and the table reads it back."""
+    import json
+
+    from anyfp4.dispatch.launch_tables import user_mma_table
+
+    row = {"format": "nvfp4", "k": 4096, "n": 14336, "m": 16,
+           "best_cfg": {"mt": 1, "warps": 8, "split_k": 4, "depth": 2, "kw": 1, "shared_ring": 0, "wgmma": 2}}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"sm": 90, "sweep": [row], "gated": []}))
+    table = tmp_path / "table.json"
+    table.write_text("\n".join(sweep.table_lines(str(path))))
+    assert '"wgmma": 2' in table.read_text()
+    (cfg,) = user_mma_table(str(table)).values()
+    assert cfg.wgmma == 2 and cfg.split_k == 4
