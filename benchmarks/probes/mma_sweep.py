@@ -364,7 +364,7 @@ def main():
                     help="the K-slice counts M = 1 is swept over (any count: a count that is not a power of two runs "
                          "as split-K alone, e.g. 3 6 12 24 to fill a GPU's waves of blocks)")
     ap.add_argument("--shared-ring", action="store_true", help="sweep shared-memory rings (MMAConfig.shared_ring) too")
-    ap.add_argument("--wgmma", action="store_true", help="sweep warpgroup mmas (MMAConfig.wgmma 1 and 2, NVFP4) too")
+    ap.add_argument("--wgmma", action="store_true", help="sweep warpgroup mmas (MMAConfig.wgmma 1 and 2) too")
     args = ap.parse_args()
     if args.print_table:
         print("\n".join(table_lines(args.print_table)))
@@ -386,7 +386,7 @@ def main():
         for fmt in args.formats:
             sweep(device, report, args.quick, fmt, parse(args.shapes), parse(args.gated) or (), args.ms,
                   args.slice_candidates, args.after_norm, args.keep_slices, tuple(args.slice_counts),
-                  (0, 1) if args.shared_ring else (0,), (0, 1, 2) if args.wgmma and fmt == "nvfp4" else (0,))
+                  (0, 1) if args.shared_ring else (0,), (0, 1, 2) if args.wgmma else (0,))
     report["seconds"] = time.time() - t0
     Path(args.out).write_text(json.dumps(report, indent=1))
 

@@ -18,18 +18,19 @@ import torch
 
 from anyfp4.bench.timing import copy_bandwidth, graph_seconds
 from anyfp4.dispatch.tuning import mma_config
-from anyfp4.kernels.cuda.weight_mma import nvfp4_mma_gemm
+from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, nvfp4_mma_gemm
 from anyfp4.kernels.cuda.weight_mma_geometry import k_slices
 from kernel_counters import layer
 
-LAYERS = ("nvfp4:14336x4096", "nvfp4:4096x14336", "nvfp4:28672x8192", "nvfp4:gated:14336x4096", "nvfp4:4096x4096")
+LAYERS = ("nvfp4:14336x4096", "nvfp4:4096x14336", "nvfp4:28672x8192", "nvfp4:gated:14336x4096", "nvfp4:4096x4096",
+          "fp8:14336x4096")
 
 
 def main() -> None:
     import anyfp4.ops  # noqa: F401
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", nargs="+", default=list(LAYERS), help="nvfp4[:gated]:NxK")
+    ap.add_argument("--layers", nargs="+", default=list(LAYERS), help="format[:gated]:NxK")
     ap.add_argument("--ms", nargs="+", type=int, default=[1, 8, 16, 32, 64])
     ap.add_argument("--warps", nargs="+", type=int, default=[4, 8])
     ap.add_argument("--depths", nargs="+", type=int, default=[2, 4])
@@ -46,6 +47,7 @@ def main() -> None:
     print(f"copy {report['copy_tbps']:.2f} TB/s", flush=True)
     for spec in args.layers:
         fmt, gated, n, k, copies, nbytes, k_pad = layer(spec, device, gen)
+        kernel = nvfp4_mma_gemm if fmt == "nvfp4" else fp8_mma_gemm
         dense = [torch.randn(n * (2 if gated else 1), k, dtype=torch.bfloat16, device=device)
                  for _ in range(max(2, len(copies) // 4))]
         for m in args.ms:
@@ -57,7 +59,7 @@ def main() -> None:
 
             def timed(cfg):
                 try:
-                    us = graph_seconds(lambda i: nvfp4_mma_gemm(x, copies[i % len(copies)], None, cfg),
+                    us = graph_seconds(lambda i: kernel(x, copies[i % len(copies)], None, cfg),
                                        reps=len(copies))
                 except ValueError as e:  # a launch the kernel refuses (shared memory, row tiles)
                     return {"cfg": cfg.__dict__, "refused": str(e)}
@@ -76,9 +78,8 @@ def main() -> None:
             best = min(ran, key=lambda r: r["us"])
             cfg = replace(table, **best["cfg"])
             od = None if gated else torch.float32  # the float32 sums where the kernel gives them
-            best["same_as_mma_sync"] = torch.equal(nvfp4_mma_gemm(x, copies[0], None, cfg, out_dtype=od),
-                                                   nvfp4_mma_gemm(x, copies[0], None, replace(cfg, wgmma=0),
-                                                                  out_dtype=od))
+            best["same_as_mma_sync"] = torch.equal(kernel(x, copies[0], None, cfg, out_dtype=od),
+                                                   kernel(x, copies[0], None, replace(cfg, wgmma=0), out_dtype=od))
             print(f"{spec} m={m}: bf16 {bf16_us:.2f} us | table {table} {base.get('us', float('nan')):.2f} us "
                   f"({bf16_us / base.get('us', float('nan')):.2f}x bf16) | wgmma best {best['cfg']} {best['us']:.2f}"
                   f" us ({bf16_us / best['us']:.2f}x bf16, {best['tbps']:.2f} TB/s) | same sums as mma.sync "

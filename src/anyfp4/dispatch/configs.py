@@ -15,7 +15,7 @@ class MMAConfig:
     depth: int = 2  # main-loop steps of code words in flight per thread
     kw: int = 1  # warps along K per row tile (a power of two dividing warps): they add their sums in shared memory
     shared_ring: int = 0  # 1: the ring of depth steps in shared memory (cp.async, sm_80+), not in registers
-    wgmma: int = 0  # sm_90, NVFP4, kw 1: warpgroup mmas reading the activations from shared memory themselves; 1: a
+    wgmma: int = 0  # sm_90, kw 1: warpgroup mmas reading the activations from shared memory themselves; 1: a
     # step waits for its own, 2: they run on while the next step decodes
 
 

@@ -11,9 +11,11 @@ import torch
 
 import host_cuda
 from anyfp4.dispatch.configs import MMAConfig
+from anyfp4.formats.fp8 import dequantize_fp8, quantize_fp8
 from anyfp4.formats.nvfp4 import dequantize_nvfp4
 from anyfp4.kernels.cuda import nvrtc, weight_mma
 from anyfp4.kernels.cuda.weight_mma_defines import source_defines
+from anyfp4.packing.fp8 import prepack_fp8, prepack_fp8_gated
 from anyfp4.packing.nvfp4 import prepack_nvfp4, prepack_nvfp4_gated
 from mma_checks import check_kernel, nvfp4_weight, rel_err
 
@@ -26,20 +28,25 @@ needs_host = pytest.mark.skipif(not host_cuda.available(), reason="needs a host 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.compiler_available(), reason="needs NVRTC")
 
 
-def layers(gen, device="cpu"):
-    w, gate, up = (nvfp4_weight(N, K, gen, torch.tensor(2e-3), device=device) for _ in range(3))
-    return prepack_nvfp4(w), prepack_nvfp4_gated(gate, up), [dequantize_nvfp4(t).double() for t in (w, gate, up)]
+def layers(gen, fmt="nvfp4", device="cpu"):
+    if fmt == "nvfp4":
+        w, gate, up = (nvfp4_weight(N, K, gen, torch.tensor(2e-3), device=device) for _ in range(3))
+        return prepack_nvfp4(w), prepack_nvfp4_gated(gate, up), [dequantize_nvfp4(t).double() for t in (w, gate, up)]
+    w, gate, up = (quantize_fp8(torch.randn(N, K, generator=gen, device=device), per_channel=pc)
+                   for pc in (True, False, True))
+    return prepack_fp8(w), prepack_fp8_gated(gate, up), [dequantize_fp8(t).double() for t in (w, gate, up)]
 
 
 @needs_host
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_warpgroup_mmas_give_the_mma_sync_sums(dtype):
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_warpgroup_mmas_give_the_mma_sync_sums(fmt, dtype):
     """The same float32 sums as the mma.sync launch of the same rows, ring and split, bit for bit (the host rounds
     each k16 product's exact sum once in both) — staged once or every pass, gated too — and the reference's values
     with poisoned outputs, bias, strided rows."""
     gen = torch.Generator().manual_seed(41)
-    p, pg, (wd, gd, ud) = layers(gen)
-    run, tight = host_cuda.gemm("nvfp4", sm=90), host_cuda.gemm("nvfp4", tight=True, sm=90)
+    p, pg, (wd, gd, ud) = layers(gen, fmt)
+    run, tight = host_cuda.gemm(fmt, sm=90), host_cuda.gemm(fmt, tight=True, sm=90)
     for m, cfg in CASES:
         x = torch.randn(m, K, generator=gen).to(dtype)
         sums = run(x, p, None, cfg, out_dtype=torch.float32)
@@ -52,11 +59,12 @@ def test_warpgroup_mmas_give_the_mma_sync_sums(dtype):
 
 
 @needs_host
-def test_a_rows_sums_do_not_depend_on_the_other_rows():
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_a_rows_sums_do_not_depend_on_the_other_rows(fmt):
     """Rows 0..M-1 of a wgmma launch (B operands of 8 to 64 columns) have the bits of the same rows alone."""
     gen = torch.Generator().manual_seed(42)
-    p, _, _ = layers(gen)
-    run = host_cuda.gemm("nvfp4", sm=90)
+    p, _, _ = layers(gen, fmt)
+    run = host_cuda.gemm(fmt, sm=90)
     x = torch.randn(64, K, generator=gen).to(torch.bfloat16)
     cfg = MMAConfig(1, 8, 2, 2, wgmma=1)
     alone = {i: run(x[i:i + 1], p, None, cfg, out_dtype=torch.float32) for i in (0, 9, 40, 63)}
@@ -67,7 +75,6 @@ def test_a_rows_sums_do_not_depend_on_the_other_rows():
 
 @pytest.mark.parametrize("sm, fmt, cfg, match", [
     (80, "nvfp4", MMAConfig(1, 4, 1, 2, wgmma=1), "on sm_90"),
-    (90, "fp8", MMAConfig(1, 4, 1, 2, wgmma=1), "run NVFP4"),
     (90, "nvfp4", MMAConfig(1, 8, 1, 2, kw=2, wgmma=1), "one K warp"),
     (90, "nvfp4", MMAConfig(1, 2, 1, 2, wgmma=1), "whole warpgroups"),
     (90, "nvfp4", MMAConfig(1, 4, 1, 2, shared_ring=1, wgmma=1), "register ring"),
@@ -98,15 +105,16 @@ def test_the_staged_bytes_of_a_warpgroup_launch():
 
 @needs_nvrtc
 @pytest.mark.parametrize("gated", [0, 1])
-def test_every_warpgroup_variant_compiles_for_sm90a(gated):
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_every_warpgroup_variant_compiles_for_sm90a(fmt, gated):
     """n8 tiles 1, 2, 4, 8, bf16 and fp16, one and two m16 tiles a warp, waited for each step or a step later:
-    compiled for sm_90a, no spills."""
+    compiled for sm_90a, no spills (but a gated launch of eight n8 tiles)."""
     import re
 
     src = weight_mma.source_text()
     for nt, mt, bf16, wgmma in ((1, 1, 1, 1), (2, 2, 0, 2), (4, 1, 1, 2), (8, 1, 0, 1)):
-        defines = dict(source_defines("nvfp4", "bf16" if bf16 else "fp16"), FP8=0, NT=nt, MT=mt, WARPS=8, DEPTH=2,
-                       BF16=bf16, GATED=gated, HAS_BIAS=1 - gated, OUT_F32=0, EARLY=1, VEC_X=1, SPLIT=2, KW=1,
+        defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), FP8=int(fmt == "fp8"), NT=nt, MT=mt, WARPS=8,
+                       DEPTH=2, BF16=bf16, GATED=gated, HAS_BIAS=1 - gated, OUT_F32=0, EARLY=1, VEC_X=1, SPLIT=2, KW=1,
                        SHARED_RING=0, WGMMA=wgmma, **weight_mma.arch_defines(90))
         log = nvrtc.ptxas_report(src, weight_mma.KERNEL, 90, defines)
         assert "for 'sm_90a'" in log and re.search(r"Used \d+ registers", log), log[-2000:]
@@ -115,23 +123,24 @@ def test_every_warpgroup_variant_compiles_for_sm90a(gated):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs an sm_90 GPU")
-def test_warpgroup_mmas_on_the_gpu():
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_warpgroup_mmas_on_the_gpu(fmt):
     """On the device: the reference's values, every output written, and the mma.sync launch's float32 sums bit for
     bit (if the hardware's warpgroup mma sums a k16 product otherwise, this is where it shows)."""
     from anyfp4.kernels.cuda import counters
 
     gen = torch.Generator(device="cuda").manual_seed(44)
-    p, pg, (wd, gd, ud) = layers(gen, device="cuda")
+    p, pg, (wd, gd, ud) = layers(gen, fmt, device="cuda")
+    gemm = weight_mma.nvfp4_mma_gemm if fmt == "nvfp4" else weight_mma.fp8_mma_gemm
     counters.reserve_counters(torch.device("cuda"))
     for m, cfg in CASES:
         x = torch.randn(m, K, device="cuda", generator=gen).to(torch.bfloat16)
         out = torch.full((m, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-        y = weight_mma.nvfp4_mma_gemm(x, p, None, cfg, out=out)
+        y = gemm(x, p, None, cfg, out=out)
         assert not y.isnan().any() and rel_err(y, x.double() @ wd.t()) < 4e-3, (m, cfg)
-        sums = weight_mma.nvfp4_mma_gemm(x, p, None, cfg, out_dtype=torch.float32)
-        assert torch.equal(sums, weight_mma.nvfp4_mma_gemm(x, p, None, replace(cfg, wgmma=0),
-                                                           out_dtype=torch.float32)), (m, cfg)
+        sums = gemm(x, p, None, cfg, out_dtype=torch.float32)
+        assert torch.equal(sums, gemm(x, p, None, replace(cfg, wgmma=0), out_dtype=torch.float32)), (m, cfg)
         if m <= 32:
-            g = weight_mma.nvfp4_mma_gemm(x, pg, None, cfg)
+            g = gemm(x, pg, None, cfg)
             ref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
             assert rel_err(g, ref) < 8e-3, (m, cfg)

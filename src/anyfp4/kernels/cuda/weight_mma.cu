@@ -113,7 +113,7 @@ static_assert(TILE_ROWS == 16 && TILE_WORDS == 16 && TILE_BLOCKS == 8, "the lane
 #if SHARED_RING && !ASYNC_COPY
 #error "a shared-memory ring (SHARED_RING) is filled by cp.async: sm_80+"
 #endif
-// WGMMA (sm_90a, NVFP4): each warpgroup's four warps give their decoded 16-row A fragments to one wgmma.mma_async
+// WGMMA (sm_90a): each warpgroup's four warps give their decoded 16-row A fragments to one wgmma.mma_async
 // m64nNk16 (N = 8 * NT) per k16, whose B operand (the activations) the tensor cores read from shared memory
 // themselves: no B fragment loads, one instruction for what took NT mma.sync per warp. The staged activations then
 // lie in wgmma's canonical K-major layout (wgmma_word). WGMMA 1: a step waits for its wgmmas before the next
@@ -121,10 +121,11 @@ static_assert(TILE_ROWS == 16 && TILE_WORDS == 16 && TILE_BLOCKS == 8, "the lane
 #ifndef WGMMA
 #define WGMMA 0
 #endif
-#if WGMMA && (FP8 || KW != 1 || WARPS % 4 || EXPERTS || SHARED_RING || !ASYNC_COPY)
-#error "WGMMA: NVFP4, one K warp, whole warpgroups, no expert pairs, a register ring, sm_90a"
+#if WGMMA && (KW != 1 || WARPS % 4 || EXPERTS || SHARED_RING || !ASYNC_COPY)
+#error "WGMMA: one K warp, whole warpgroups, no expert pairs, a register ring, sm_90a"
 #endif
 #define NP (NT * 8)  // WGMMA: the activation rows a wgmma's B operand holds (rows >= M staged as zeros)
+#define K16S (STEP / 16)  // WGMMA: the k16 products of a step (NVFP4 8, FP8 4), 8 NP staged words each
 // A shared-memory ring's words per tile and step: 32 lanes' 16 code bytes of row g and of row g + 8, then (NVFP4)
 // their 4 scale bytes.
 #define RING_SLOT (32 * 4 * 2 + (FP8 ? 0 : 32))
@@ -506,12 +507,17 @@ __device__ __forceinline__ uint4 permute_group(const uint4 w) {
 // Where 8-group grp of a staging round goes in its row (in words): FP8 in k order; NVFP4 with the group's two
 // 2-bit fields (t, q) of its step swapped, so that word q of the four threads t lies side by side (X_T, X_Q).
 #if WGMMA
-// WGMMA: where (row m, step sr of a round, 8-group grp = 4t + q of the step) begins in the staged round, in words:
-// the steps one after another (64 NP words each), k16 (q, h) at two core-matrix columns c (4 NP words each: NP
-// rows of 4 words), pair p = 2h + c of the group at p * 4 NP words on, row m at 4m, slot t (k 2t, 2t + 1 of the
-// core matrix's 8).
+// WGMMA: where 8-group grp of step sr of a round, row m, begins in the staged round, in words: the steps one after
+// another (K16S x 8 NP words each), each k16 kb at two core-matrix columns c (4 NP words each: NP rows of 4 words),
+// row m at 4m, slot t (k 2t, 2t + 1 of the core matrix's 8). NVFP4: group grp = 4t + q is word q of lane t, its pairs
+// p = 2h + c go to k16 kb = 2q + h; FP8: group grp = 2t + q / 2 holds words q and q + 1 of lane t, pairs (0, 1) of
+// word q to k16 q and (2, 3) of word q + 1 to q + 1. Either way pair p lies p * 4 NP words past pair 0.
 __device__ __forceinline__ int wgmma_word(const int m, const int sr, const int grp) {
-    return sr * 64 * NP + (grp & 3) * 16 * NP + m * 4 + (grp >> 2);
+#if FP8
+    return sr * K16S * 8 * NP + (grp & 1) * 16 * NP + m * 4 + (grp >> 1);
+#else
+    return sr * K16S * 8 * NP + (grp & 3) * 16 * NP + m * 4 + (grp >> 2);
+#endif
 }
 #endif
 
@@ -704,8 +710,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         return xs + (j * M + m) * xs_stride + staged_word(grp);
     };
 #if WGMMA
-    // The round's activations in wgmma's layout: 8-group grp = 4t + q of step sr (its pairs p = 2h + c permuted as
-    // for the register fragments) of row m at wgmma_word(m, sr, grp) + p * 4 * NP; rows M .. NP - 1 zeros.
+    // The round's activations in wgmma's layout: 8-group grp of step sr (its pairs p permuted as for the register
+    // fragments) of row m at wgmma_word(m, sr, grp) + p * 4 * NP; rows M .. NP - 1 zeros.
     auto stage = [&](const int s) {
         const int c1 = min(s + round_steps, s_end);
         const int groups = (c1 - s) * (STEP / 8), total = NP * groups;
@@ -728,7 +734,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #endif
             }
             const uint4 pv = permute_group(v);
-            u32* dst = xs + wgmma_word(m, gr >> 4, gr & 15);
+            u32* dst = xs + wgmma_word(m, gr / (STEP / 8), gr % (STEP / 8));
             dst[0] = pv.x;
             dst[4 * NP] = pv.y;
             dst[8 * NP] = pv.z;
@@ -823,7 +829,44 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #endif
         }
 #endif
+#if WGMMA
+        // the step's A fragments first (k16 kb: NVFP4 pairs 2h, 2h + 1 of word q for kb = 2q + h; FP8 word kb), then its
+        // K16S x TILES wgmmas
+        u32 af[K16S][TILES][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int a = 0; a < TILES; ++a) {
+                const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
 #if FP8
+                af[q][a][0] = decode_e4m3_pair(va, 0), af[q][a][1] = decode_e4m3_pair(vb, 0);
+                af[q][a][2] = decode_e4m3_pair(va, 1), af[q][a][3] = decode_e4m3_pair(vb, 1);
+#else
+                const u32 bsa = scale_pair(sw[d][a], q >> 1), bsb = scale_pair(sw[d][a], 2 + (q >> 1));
+#pragma unroll
+                for (int p = 0; p < 4; ++p) {
+                    af[2 * q + (p >> 1)][a][2 * (p & 1)] = mul2(decode_pair(va, p), bsa);
+                    af[2 * q + (p >> 1)][a][2 * (p & 1) + 1] = mul2(decode_pair(vb, p), bsb);
+                }
+#endif
+            }
+        const u32* xstep = xs + (s0 + d - round_beg) * K16S * 8 * NP;
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < K16S; ++kb) {
+            const unsigned long long desc = wgmma_desc(xstep + kb * 8 * NP);
+#pragma unroll
+            for (int a = 0; a < TILES; ++a)
+                wgmma_k16(&acc[a][0][0], af[kb][a][0], af[kb][a][1], af[kb][a][2], af[kb][a][3], desc);
+        }
+        wgmma_commit();
+#if WGMMA == 2
+        wgmma_wait_previous();  // this step's stay in flight while the next step decodes (its fragments live on)
+#else
+        wgmma_wait();
+#endif
+        (void)xoff;
+#elif FP8
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // word q: one mma per row pair
             uint2 bx[NT];
@@ -838,41 +881,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 for (int b = 0; b < NT; ++b) mma_k16(MMA_ACC(a, b), a0, a1, a2, a3, bx[b].x, bx[b].y);
             }
         }
-#elif WGMMA
-        // the step's A fragments first (k16 (q, h): pairs 2h, 2h + 1 of word q), then its 8 x TILES wgmmas, waited for
-        // before the next step decodes into these registers
-        u32 ha[4][TILES][4], hb[4][TILES][4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-#pragma unroll
-            for (int a = 0; a < TILES; ++a) {
-                const u32 va = word_of(wa[d][a], q), vb = word_of(wb[d][a], q);
-                const u32 bsa = scale_pair(sw[d][a], q >> 1), bsb = scale_pair(sw[d][a], 2 + (q >> 1));
-#pragma unroll
-                for (int p = 0; p < 4; ++p) {
-                    ha[q][a][p] = mul2(decode_pair(va, p), bsa);
-                    hb[q][a][p] = mul2(decode_pair(vb, p), bsb);
-                }
-            }
-        const u32* xstep = xs + (s0 + d - round_beg) * 64 * NP;
-        wgmma_fence();
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const unsigned long long desc = wgmma_desc(xstep + (q * 4 + 2 * h) * 4 * NP);
-#pragma unroll
-                for (int a = 0; a < TILES; ++a)
-                    wgmma_k16(&acc[a][0][0], ha[q][a][2 * h], hb[q][a][2 * h], ha[q][a][2 * h + 1],
-                              hb[q][a][2 * h + 1], desc);
-            }
-        wgmma_commit();
-#if WGMMA == 2
-        wgmma_wait_previous();  // this step's stay in flight while the next step decodes (its fragments live on)
-#else
-        wgmma_wait();
-#endif
-        (void)xoff;
 #else
 #pragma unroll
         for (int q = 0; q < 4; ++q) {

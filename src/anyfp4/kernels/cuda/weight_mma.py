@@ -164,10 +164,10 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
     if c.wgmma not in (0, 1, 2):
         raise ValueError(f"wgmma is 0 (mma.sync), 1 or 2 (warpgroup mmas, waited for each step or a step later), "
                          f"not {c.wgmma}")
-    if c.wgmma and (sm != WGMMA_SM or fmt != "nvfp4" or c.kw != 1 or c.warps % 4 or c.shared_ring or experts):
+    if c.wgmma and (sm != WGMMA_SM or c.kw != 1 or c.warps % 4 or c.shared_ring or experts):
         pairs = " (expert pairs)" if experts else ""
-        raise ValueError(f"warpgroup mmas (wgmma) run NVFP4 on sm_{WGMMA_SM} with one K warp, whole warpgroups of "
-                         f"warps and a register ring, not {fmt} on sm_{sm} with {c}{pairs}")
+        raise ValueError(f"warpgroup mmas (wgmma) run on sm_{WGMMA_SM} with one K warp, whole warpgroups of warps and "
+                         f"a register ring, not on sm_{sm} with {c}{pairs}")
     defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), **arch_defines(sm),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
