@@ -57,6 +57,28 @@ def layer(spec: str, device, gen) -> Layer:
     return Layer(fmt, gated, n, k, copies, nbytes, copies[0].codes.shape[1] * (8 if fmt == "nvfp4" else 4))
 
 
+class Probe(NamedTuple):
+    """A layer probe's GPU: its sm and multiprocessors, a seeded generator, and the report it starts (GPU, commit, copy
+    bandwidth in TB/s, printed), its rows under ``layers``."""
+    device: torch.device
+    sm: int
+    sms: int
+    gen: torch.Generator
+    report: dict
+
+
+def probe(commit: str) -> Probe:
+    from anyfp4.bench.timing import copy_bandwidth
+
+    device = torch.device("cuda")
+    props = torch.cuda.get_device_properties(device)
+    report = {"gpu": torch.cuda.get_device_name(), "commit": commit, "copy_tbps": copy_bandwidth(device) / 1e12,
+              "layers": []}
+    print(f"copy {report['copy_tbps']:.2f} TB/s", flush=True)
+    return Probe(device, props.major * 10 + props.minor, props.multi_processor_count,
+                 torch.Generator(device=device).manual_seed(0), report)
+
+
 def call(fmt: str, x, p, gated: bool):
     ops = torch.ops.anyfp4
     if fmt == "nvfp4":

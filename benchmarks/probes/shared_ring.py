@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from anyfp4.bench.timing import copy_bandwidth, graph_seconds
+from anyfp4.bench.timing import graph_seconds
 from anyfp4.dispatch.tuning import mma_config
 from anyfp4.kernels.cuda.weight_mma import fp8_mma_gemm, nvfp4_mma_gemm
-from kernel_counters import layer
+from kernel_counters import layer, probe
 from wave_fit import occupancy
 
 LAYERS = ("nvfp4:28672x8192", "nvfp4:gated:17408x5120", "nvfp4:5120x17408", "fp8:12288x5120", "nvfp4:4096x4096",
@@ -38,13 +38,7 @@ def main() -> None:
     ap.add_argument("--commit", default="")
     ap.add_argument("--out", default="shared_ring.json")
     args = ap.parse_args()
-    device = torch.device("cuda")
-    props = torch.cuda.get_device_properties(device)
-    sm, sms = props.major * 10 + props.minor, props.multi_processor_count
-    gen = torch.Generator(device=device).manual_seed(0)
-    report = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "copy_tbps": copy_bandwidth(device) / 1e12,
-              "layers": []}
-    print(f"copy {report['copy_tbps']:.2f} TB/s", flush=True)
+    device, sm, sms, gen, report = probe(args.commit)
     for spec in args.layers:
         fmt, gated, n, k, copies, nbytes, k_pad = layer(spec, device, gen)
         kernel = nvfp4_mma_gemm if fmt == "nvfp4" else fp8_mma_gemm
