@@ -9,8 +9,9 @@ the dims past rd pass through. q's result goes to a new (b, t, h, hd) tensor, k'
 
 With per-head RMSNorm weights for q and k (Qwen3's q_norm / k_norm) each q and k head is first normalized as
 ``rms_norm`` normalizes it — the sum of squares over the whole head, ``w * (x * inv)`` rounded to q's dtype — and then
-rotated: the two launches of the norms are gone. The sum is reduced in this kernel's own order (within a rounding step
-of ``rms_norm``'s output; a head's bits depend on nothing but that head).
+rotated: the two launches of the norms are gone. The rotated values are the bits of ``rms_norm``'s output rotated
+(tests/kernels/glue/test_rope_cache.py, in the interpreter and on an H100); a head's bits depend on nothing but that
+head. q's and k's weights may differ in dtype (a float32 and a bf16 weight: ``head_weight``).
 """
 
 from __future__ import annotations
