@@ -504,8 +504,6 @@ __device__ __forceinline__ uint4 permute_group(const uint4 w) {
 #endif
 }
 
-// Where 8-group grp of a staging round goes in its row (in words): FP8 in k order; NVFP4 with the group's two
-// 2-bit fields (t, q) of its step swapped, so that word q of the four threads t lies side by side (X_T, X_Q).
 #if WGMMA
 // WGMMA: where 8-group grp of step sr of a round, row m, begins in the staged round, in words: the steps one after
 // another (K16S x 8 NP words each), each k16 kb at two core-matrix columns c (4 NP words each: NP rows of 4 words),
@@ -521,6 +519,8 @@ __device__ __forceinline__ int wgmma_word(const int m, const int sr, const int g
 }
 #endif
 
+// Where 8-group grp of a staging round goes in its row (in words): FP8 in k order; NVFP4 with the group's two
+// 2-bit fields (t, q) of its step swapped, so that word q of the four threads t lies side by side (X_T, X_Q).
 __device__ __forceinline__ int staged_word(const int grp) {
 #if FP8
     return grp * 4;
@@ -547,6 +547,15 @@ __device__ __forceinline__ void store_group(u32* p, const uint4 v) {
 #else
     *reinterpret_cast<uint4*>(p) = v;
 #endif
+}
+
+// The 8-group of row xr at k, element by element (rows not 16-byte aligned or K % 8 != 0), zeros past K.
+__device__ __forceinline__ uint4 load_group_elementwise(const u16* xr, const int k, const int K) {
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        w[i] = (k + 2 * i < K ? (u32)xr[k + 2 * i] : 0u) | ((k + 2 * i + 1 < K ? (u32)xr[k + 2 * i + 1] : 0u) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 __device__ __forceinline__ void copy_group_async(u32* dst, const u16* src, bool valid) {
@@ -698,17 +707,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     // ever starts at the first step of a pass over the ring. The K warps of a block have slices of one length and
     // stage together: a round holds, for each K warp j, the same offset into its slice (rows j * M .. j * M + M - 1).
     int round_beg = s_beg, round_end = s_beg;
-    // The activations of the kc-wide round from step s, as 8-groups permuted (permute_group) and placed
-    // (staged_word). Rows 16-byte aligned with K % 8 == 0 (VEC_X; a group then lies wholly below K or wholly
-    // past it): every group copied by cp.async at once (16 bytes, FP8 two 8-byte halves; no registers held; a
-    // group past K is zero-filled), then each thread permutes its own groups in place. Else element by element.
-    // Group idx of a round: K warp j, row m, 8-group grp; its k and its staged word.
-    auto round_group = [&](const int s, const int idx, const int groups, int& k) -> u32* {
-        const int per_warp = M * groups, j = KW == 1 ? 0 : idx / per_warp, r = idx - j * per_warp;
-        const int m = r / groups, grp = r - m * groups;
-        k = (s + (j - kw) * (s_end - s_beg)) * STEP + grp * 8;  // K warp j's step at this warp's step s
-        return xs + (j * M + m) * xs_stride + staged_word(grp);
-    };
 #if WGMMA
     // The round's activations in wgmma's layout: 8-group grp of step sr (its pairs p permuted as for the register
     // fragments) of row m at wgmma_word(m, sr, grp) + p * 4 * NP; rows M .. NP - 1 zeros.
@@ -725,12 +723,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #if VEC_X
                 if (k < K) v = *reinterpret_cast<const uint4*>(xr + k);
 #else
-                u32 w[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    w[i] = (k + 2 * i < K ? (u32)xr[k + 2 * i] : 0u)
-                           | ((k + 2 * i + 1 < K ? (u32)xr[k + 2 * i + 1] : 0u) << 16);
-                v = make_uint4(w[0], w[1], w[2], w[3]);
+                v = load_group_elementwise(xr, k, K);
 #endif
             }
             const uint4 pv = permute_group(v);
@@ -746,6 +739,17 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
         round_end = c1;
     };
 #else
+    // The activations of the kc-wide round from step s, as 8-groups permuted (permute_group) and placed
+    // (staged_word). Rows 16-byte aligned with K % 8 == 0 (VEC_X; a group then lies wholly below K or wholly
+    // past it): every group copied by cp.async at once (16 bytes, FP8 two 8-byte halves; no registers held; a
+    // group past K is zero-filled), then each thread permutes its own groups in place. Else element by element.
+    // Group idx of a round: K warp j, row m, 8-group grp; its k and its staged word.
+    auto round_group = [&](const int s, const int idx, const int groups, int& k) -> u32* {
+        const int per_warp = M * groups, j = KW == 1 ? 0 : idx / per_warp, r = idx - j * per_warp;
+        const int m = r / groups, grp = r - m * groups;
+        k = (s + (j - kw) * (s_end - s_beg)) * STEP + grp * 8;  // K warp j's step at this warp's step s
+        return xs + (j * M + m) * xs_stride + staged_word(grp);
+    };
     auto stage = [&](const int s) {
         const int c1 = min(s + round_steps, s_end);
         const int groups = (c1 - s) * (STEP / 8), total = KW * M * groups;
@@ -791,12 +795,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
                 int k;
                 u32* dst = round_group(s, idx, groups, k);
                 const u16* xr = x + (long long)((idx / groups) % M) * stride_xm;
-                u32 w[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    w[i] = (k + 2 * i < K ? (u32)xr[k + 2 * i] : 0u)
-                           | ((k + 2 * i + 1 < K ? (u32)xr[k + 2 * i + 1] : 0u) << 16);
-                store_group(dst, permute_group(make_uint4(w[0], w[1], w[2], w[3])));
+                store_group(dst, permute_group(load_group_elementwise(xr, k, K)));
             }
         }
 #endif
@@ -811,7 +810,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
     for (int b = 0; b < NT; ++b) xrow[b] = xs + (kw * M + min(b * 8 + fg, M - 1)) * xs_stride + ft * X_T;
 #endif  // WGMMA
 #if WGMMA
-    (void)fg, (void)ft, (void)xs_stride, (void)round_group;
+    (void)fg, (void)ft, (void)xs_stride;
 #endif
 
     // Step d of the pass starting at s0 (x0: its staged activations, relative to xrow); then refill ring slot d.
