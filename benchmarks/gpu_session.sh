@@ -17,6 +17,7 @@
 #                                            # step profile, Gated DeltaNet prefill: torch, recurrent, chunked
 #   TOKENIZER=DIR bash benchmarks/gpu_session.sh serve  # anyfp4 serve --max-batch 16: 16 clients vs the runner's
 #                                            # batch and `bench --batch 16` (needs the serve extra's wheels)
+#   TOKENIZER=DIR bash benchmarks/gpu_session.sh h200  # on an H200: the hybrid mixed vs bf16, then serve (512 tokens)
 #   bash benchmarks/gpu_session.sh early     # every kernel of a step launched early: its GPU tests, then bench with
 #                                            # ANYFP4_EARLY_LAUNCH=1 / 0 (and BEFORE=DIR: a src/ tree to compare)
 #   bash benchmarks/gpu_session.sh batch     # a left-padded batch's rows against each prompt alone (probes/batch_rows.py),
@@ -48,6 +49,13 @@ bench() {  # name, then anyfp4 bench arguments
 [print(x['model'], 'decode', round(x['decode_tok_s'], 1), 'tok/s', round(x['pct_of_copy'] or 0), '% of copy, prefill',
        round(x['prefill_tok_s']), 'tok/s, sha', x['sha256'][:16]) for x in rs]" "$OUT/$name.json" 2>/dev/null \
         || tail -3 "$OUT/$name.err"
+}
+q35() {  # name, then anyfp4 bench arguments
+    local name="$1"; shift
+    timeout 200 python3 -m anyfp4 bench --random-weights qwen3.5-27b --json "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); rs=r if isinstance(r, list) else [r]
+[print(x['model'], 'decode', round(x['decode_tok_s'], 1), 'tok/s, prefill', round(x['prefill_tok_s']), 'tok/s, sha',
+   x['sha256'][:16], x.get('speculative', '')) for x in rs]" "$OUT/$name.json" 2>/dev/null || tail -3 "$OUT/$name.err"
 }
 case "$stage" in
 check)
@@ -114,13 +122,6 @@ hybrid)
     timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/runtime/test_hybrid_on_the_gpu.py tests/kernels/gdn \
         tests/kernels/glue/test_small_attention.py tests/kernels/triton/test_dense_gemv.py tests/ops/test_gdn_ops.py \
         tests/runtime/test_cuda_graph.py 2>&1 | tail -12 | tee "$OUT/pytest_hybrid.txt"
-    q35() {  # name, then anyfp4 bench arguments
-        local name="$1"; shift
-        timeout 200 python3 -m anyfp4 bench --random-weights qwen3.5-27b --json "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"
-        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); rs=r if isinstance(r, list) else [r]
-[print(x['model'], 'decode', round(x['decode_tok_s'], 1), 'tok/s, prefill', round(x['prefill_tok_s']), 'tok/s, sha',
-       x['sha256'][:16], x.get('speculative', '')) for x in rs]" "$OUT/$name.json" 2>/dev/null || tail -3 "$OUT/$name.err"
-    }
     q35 bench_q35_mixed_vs_bf16 --format mixed --compare bf16
     q35 bench_q35_mixed_mtp --format mixed --speculate mtp --draft-tokens 3
     timeout 150 python3 benchmarks/probes/rejected_rows.py --arch qwen3.5-27b --format mixed --mtp --out "$OUT/rejected_rows.json"
@@ -133,6 +134,12 @@ hybrid)
     for mode in torch recurrent chunked; do
         ANYFP4_GDN_PREFILL=$mode q35 bench_q35_prefill_$mode --format mixed --prompt-len 2048 --gen-len 16
     done
+    ;;
+h200)
+    # the must-shows that ask for an H200, in one call: the Qwen3.5-27B hybrid mixed against bf16 at batch 1, then
+    # anyfp4 serve's 16 clients (TOKENIZER, MAX_TOKENS as the serve stage)
+    q35 bench_q35_mixed_vs_bf16 --format mixed --compare bf16
+    MAX_TOKENS=${MAX_TOKENS:-512} bash "$0" serve
     ;;
 serve)
     # a machine without a registry: the serve extra's wheels carried in .whl/ (pip download --no-deps for its Python:
