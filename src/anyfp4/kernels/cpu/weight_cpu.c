@@ -22,9 +22,12 @@
 
    Activations come as the caller's rows (float32, bfloat16 or float16, unit stride along k) and are permuted
    here, once per call, into float32 x_perm: for tile t, field i (code or byte i of a word) and lane j (word j
-   of the tile row), x_perm[((m * tiles + t) * FIELDS + i) * TILE_WORDS + j] is x[m, k] for k = (t * TILE_WORDS
-   + j) * FIELDS + i, zero past K. So every lane of a vector works on its own word and one field at a time. Only
-   the tiles that hold some k < K are read: the prepack's padding past them adds nothing.
+   of the tile row), x[m, k] for k = (t * TILE_WORDS + j) * FIELDS + i, zero past K, at
+   x_perm[m0 * tiles * FIELDS * TILE_WORDS + ((t * mb + m - m0) * FIELDS + i) * TILE_WORDS + j], where the pass
+   of x's rows that m belongs to starts at m0 and has mb rows (pass_of): a pass's rows of one tile lie side by
+   side, so the kernels reach every row of a pass from one pointer and constant offsets. So every lane of a vector
+   works on its own word and one field at a time. Only the tiles that hold some k < K are read: the prepack's
+   padding past them adds nothing.
 
    Every output row is one fixed sequence of float32 operations: for each tile in k order, lane j sums its
    word's products of code values and x (fields in order, from zero) and adds that sum times the word's block
@@ -44,6 +47,10 @@
    of 4) */
 #define EVERY_MB(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
 #define EVERY_MB_TO_4(X) X(1) X(2) X(3) X(4)
+/* rows of x per pass over a decoded weight row block: the FMA paths' and the bf16 dot products' (at 8 their sums
+   spill) */
+#define FMA_PASS_ROWS 8
+#define BF16_PASS_ROWS 4
 
 #if !defined(TILE_ROWS) || !defined(TILE_WORDS) || !defined(TILE_BLOCKS) || !defined(WORDS_PER_BLOCK)
 #error "the layout defines (TILE_ROWS, TILE_WORDS, TILE_BLOCKS, WORDS_PER_BLOCK, NVFP4_CODE_i, ...) come from linear.py"
@@ -107,7 +114,7 @@ static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, 
             {                                                                                               \
                 const __m512 v = _mm512_permutexvar_ps(NVFP4_INDEX_##i(w), table);                          \
                 for (int m = 0; m < mb; m++)                                                                \
-                    part[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * tiles * 8 + i) * TILE_WORDS), part[m]);\
+                    part[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * 8 + i) * TILE_WORDS), part[m]);\
             }
 
 /* The rows [n0, n1) of an NVFP4 weight for the MB rows of x from m0 (x_rows: XT values, PER_TILE of them per
@@ -130,7 +137,7 @@ static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, 
             const __m512i sb = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(                                       \
                 _mm_loadu_si128((const __m128i *)(srow + t * scale_tile + span)), byte_index));              \
             const __m512 bs = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(sb, 20)), _mm512_set1_ps(P117)); \
-            const XT *xp = x_rows + ((m0 * tiles + t) * PER_TILE) * TILE_WORDS;                               \
+            const XT *xp = x_rows + (m0 * tiles + t * MB) * PER_TILE * TILE_WORDS;                               \
             __m512 part[MB];                                                                                \
             for (int m = 0; m < MB; m++) part[m] = _mm512_setzero_ps();                                     \
             STEPS                                                                                           \
@@ -167,7 +174,7 @@ EVERY_MB(NVFP4_ROWS)
                 const __m512bh v = (__m512bh)_mm512_permutexvar_epi16(NVFP4_PAIR_INDEX_##p(w), table);      \
                 for (int m = 0; m < mb; m++)                                                                \
                     part[m] = _mm512_dpbf16_ps(part[m], v,                                                  \
-                        (__m512bh)_mm512_loadu_si512(xp + (m * tiles * 4 + p) * TILE_WORDS));              \
+                        (__m512bh)_mm512_loadu_si512(xp + (m * 4 + p) * TILE_WORDS));              \
             }
 
 #define NVFP4_BF16_ROWS(MB)                                                                                     \
@@ -193,7 +200,7 @@ EVERY_MB_TO_4(NVFP4_BF16_ROWS)
                 const __m512i half = FP8_HALF_##i(w);                                                       \
                 const __m512 v = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(half));                              \
                 for (int m = 0; m < mb; m++)                                                                \
-                    acc[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * tiles * 4 + i) * TILE_WORDS), acc[m]);\
+                    acc[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * 4 + i) * TILE_WORDS), acc[m]);\
             }
 
 #define FP8_ROWS(MB)                                                                                            \
@@ -208,7 +215,7 @@ static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const f
         if (n + PREFETCH_ROWS < n_end) PREFETCH_WORDS(n + PREFETCH_ROWS)                                    \
         for (int64_t t = 0; t < tiles; t++) {                                                               \
             const __m512i w = _mm512_loadu_si512(wrow + t * word_tile);                                     \
-            const float *xp = x_perm + ((m0 * tiles + t) * 4) * TILE_WORDS;                                  \
+            const float *xp = x_perm + (m0 * tiles + t * MB) * 4 * TILE_WORDS;                                  \
             FP8_STEP(0) FP8_STEP(1) FP8_STEP(2) FP8_STEP(3)                                                 \
         }                                                                                                   \
         const float scale = (row_scale ? row_scale[n] : 1.0f) * 256.0f;                                     \
@@ -234,7 +241,7 @@ static inline __m512i fp8_bf16_pairs(__m512i bits, __m512i subnormals) {
                 const __m512i v = fp8_bf16_pairs(FP8_PAIR_BITS_##p(w), subnormals);                         \
                 for (int m = 0; m < mb; m++)                                                                \
                     acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)v,                                          \
-                        (__m512bh)_mm512_loadu_si512(xq + (m * tiles * 2 + p) * TILE_WORDS));              \
+                        (__m512bh)_mm512_loadu_si512(xq + (m * 2 + p) * TILE_WORDS));              \
             }
 
 #define FP8_BF16_ROWS(MB)                                                                                       \
@@ -252,7 +259,7 @@ static void fp8_bf16_rows_##MB(const uint32_t *codes, const float *row_scale, co
         if (n + PREFETCH_ROWS < n_end) PREFETCH_WORDS(n + PREFETCH_ROWS)                                    \
         for (int64_t t = 0; t < tiles; t++) {                                                               \
             const __m512i w = _mm512_loadu_si512(wrow + t * word_tile);                                     \
-            const uint32_t *xq = x_pair + ((m0 * tiles + t) * 2) * TILE_WORDS;                               \
+            const uint32_t *xq = x_pair + (m0 * tiles + t * MB) * 2 * TILE_WORDS;                               \
             FP8_BF16_STEP(0) FP8_BF16_STEP(1)                                                               \
         }                                                                                                   \
         store_rows(acc, MB, row_scale ? row_scale[n] : 1.0f, y + m0 * ldy + n, ldy);                       \
@@ -580,7 +587,7 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
                     v[j] = as_float(as_bits(e2m1[c & 7]) | (c >> 3) << 31);                                 \
                 }                                                                                           \
                 for (int m = 0; m < MB; m++) {                                                              \
-                    const float *xp = x_rows + (((m0 + m) * tiles + t) * 8 + i) * TILE_WORDS;               \
+                    const float *xp = x_rows + (m0 * tiles + t * MB + m) * 8 * TILE_WORDS + i * TILE_WORDS;\
                     for (int j = 0; j < TILE_WORDS; j++) part[m][j] += v[j] * xp[j];                        \
                 }                                                                                           \
             }                                                                                               \
@@ -616,7 +623,7 @@ static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const f
                     v[j] = as_float(as_bits(e4m3_magnitude(fp8_magnitude(w[j], i))) | fp8_sign(w[j], i) << 31);\
                 }                                                                                           \
                 for (int m = 0; m < MB; m++) {                                                              \
-                    const float *xp = x_perm + (((m0 + m) * tiles + t) * 4 + i) * TILE_WORDS;               \
+                    const float *xp = x_perm + (m0 * tiles + t * MB + m) * 4 * TILE_WORDS + i * TILE_WORDS;\
                     for (int j = 0; j < TILE_WORDS; j++) acc[m][j] += v[j] * xp[j];                         \
                 }                                                                                           \
             }                                                                                               \
@@ -647,18 +654,29 @@ static inline float x_value(const void *x, int dtype, int64_t i) {
 }
 
 /* x (rows, k) at row stride ldx -> a new float32 x_perm of `tiles` tiles (see above); NULL if out of memory */
-static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int64_t k, int64_t tiles, int fields) {
+/* Row m's place in the passes of at most `most` rows that the entry points run (the rest of the rows the last
+   pass): the offset of its tile 0 in a permuted x of `per_tile` values a tile, and the stride between its tiles. */
+static inline int64_t pass_of(int64_t m, int64_t rows, int64_t tiles, int64_t per_tile, int most, int64_t *stride) {
+    const int64_t m0 = m / most * most, mb = rows - m0 < most ? rows - m0 : most;
+    *stride = mb * per_tile;
+    return (m0 * tiles + m - m0) * per_tile;
+}
+
+static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int64_t k, int64_t tiles, int fields,
+                       int most) {
     const int64_t per_tile = (int64_t)TILE_WORDS * fields;
     float *xp = malloc((size_t)(rows * tiles * per_tile + 1) * sizeof(float));
     if (!xp) return NULL;
-    for (int64_t m = 0; m < rows; m++)
+    for (int64_t m = 0; m < rows; m++) {
+        int64_t stride;
+        float *row = xp + pass_of(m, rows, tiles, per_tile, most, &stride);
         for (int64_t t = 0; t < tiles; t++)
             for (int i = 0; i < fields; i++)
                 for (int j = 0; j < TILE_WORDS; j++) {
                     const int64_t kk = (t * TILE_WORDS + j) * fields + i;
-                    xp[((m * tiles + t) * fields + i) * TILE_WORDS + j] =
-                        kk < k ? x_value(x, dtype, m * ldx + kk) : 0.0f;
+                    row[t * stride + i * TILE_WORDS + j] = kk < k ? x_value(x, dtype, m * ldx + kk) : 0.0f;
                 }
+    }
     return xp;
 }
 
@@ -671,19 +689,22 @@ static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int6
 /* bf16 x (rows, k) -> a new x_pair of `tiles` tiles: for tile t, pair p and lane j, the bf16 bits of x at the k
    of the pair's first code (low half) and second code (high half) of word j; zero past K */
 static uint32_t *paired(const uint16_t *x, int64_t ldx, int64_t rows, int64_t k, int64_t tiles, int fields,
-                        const int *pair_fields) {
+                        const int *pair_fields, int most) {
     const int pairs = fields / 2;
     uint32_t *xq = malloc((size_t)(rows * tiles * pairs * TILE_WORDS + 1) * sizeof(uint32_t));
     if (!xq) return NULL;
-    for (int64_t m = 0; m < rows; m++)
+    for (int64_t m = 0; m < rows; m++) {
+        int64_t stride;
+        uint32_t *row = xq + pass_of(m, rows, tiles, (int64_t)pairs * TILE_WORDS, most, &stride);
         for (int64_t t = 0; t < tiles; t++)
             for (int p = 0; p < pairs; p++)
                 for (int j = 0; j < TILE_WORDS; j++) {
                     const int64_t k0 = (t * TILE_WORDS + j) * fields;
                     const int64_t ka = k0 + pair_fields[2 * p], kb = k0 + pair_fields[2 * p + 1];
                     const uint32_t a = ka < k ? x[m * ldx + ka] : 0, b = kb < k ? x[m * ldx + kb] : 0;
-                    xq[((m * tiles + t) * pairs + p) * TILE_WORDS + j] = a | b << 16;
+                    row[t * stride + p * TILE_WORDS + j] = a | b << 16;
                 }
+    }
     return xq;
 }
 
@@ -692,7 +713,7 @@ static const int nvfp4_pair_codes[8] = NVFP4_PAIR_CODES, fp8_pair_bytes[4] = FP8
 static int fp8_bf16_linear_rows(const uint32_t *codes, const float *row_scale, const uint16_t *x, int64_t ldx,
                                 int64_t k, int64_t rows, int64_t tiles, int64_t word_rowblock, int64_t word_row,
                                 int64_t word_tile, int64_t n0, int64_t n1, float *y, int64_t ldy) {
-    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 4, fp8_pair_bytes);
+    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 4, fp8_pair_bytes, BF16_PASS_ROWS);
     if (!x_pair) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
@@ -700,7 +721,7 @@ static int fp8_bf16_linear_rows(const uint32_t *codes, const float *row_scale, c
             case MB: fp8_bf16_rows_##MB(codes, row_scale, x_pair, tiles, word_rowblock, word_row, word_tile,    \
                                         b0, b1, n1, m, y, ldy); break;
         for (int64_t m = 0, mb; m < rows; m += mb)
-            switch (mb = rows - m < 4 ? rows - m : 4) { EVERY_MB_TO_4(FP8_BF16_CASE) }
+            switch (mb = rows - m < BF16_PASS_ROWS ? rows - m : BF16_PASS_ROWS) { EVERY_MB_TO_4(FP8_BF16_CASE) }
     }
     free(x_pair);
     return 0;
@@ -712,7 +733,7 @@ static int nvfp4_bf16_linear_rows(const uint32_t *codes, const uint8_t *scales, 
                                   int64_t word_rowblock, int64_t word_row, int64_t word_tile,
                                   int64_t scale_rowblock, int64_t scale_tile, int64_t n0, int64_t n1,
                                   float out_scale, float *y, int64_t ldy) {
-    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 8, nvfp4_pair_codes);
+    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 8, nvfp4_pair_codes, BF16_PASS_ROWS);
     if (!x_pair) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
@@ -721,7 +742,7 @@ static int nvfp4_bf16_linear_rows(const uint32_t *codes, const uint8_t *scales, 
                                           word_row, word_tile, scale_rowblock, scale_tile, b0, b1, n1, m,       \
                                           out_scale, y, ldy); break;
         for (int64_t m = 0, mb; m < rows; m += mb)
-            switch (mb = rows - m < 4 ? rows - m : 4) { EVERY_MB_TO_4(NVFP4_BF16_CASE) }
+            switch (mb = rows - m < BF16_PASS_ROWS ? rows - m : BF16_PASS_ROWS) { EVERY_MB_TO_4(NVFP4_BF16_CASE) }
     }
     free(x_pair);
     return 0;
@@ -759,7 +780,7 @@ int nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const void *
                                       word_rowblock, word_row, word_tile, scale_rowblock, scale_tile, n0, n1,
                                       out_scale, y, ldy);
 #endif
-    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 8);
+    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 8, FMA_PASS_ROWS);
     if (!x_perm) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
@@ -767,7 +788,7 @@ int nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const void *
             case MB: nvfp4_rows_##MB(codes, scales, x_perm, spans, lane_bytes, tiles, word_rowblock, word_row,  \
                                      word_tile, scale_rowblock, scale_tile, b0, b1, n1, m, out_scale, y, ldy); break;
         for (int64_t m = 0, mb; m < rows; m += mb)
-            switch (mb = rows - m < 8 ? rows - m : 8) { EVERY_MB(NVFP4_CASE) }
+            switch (mb = rows - m < FMA_PASS_ROWS ? rows - m : FMA_PASS_ROWS) { EVERY_MB(NVFP4_CASE) }
     }
     free(x_perm);
     return 0;
@@ -786,7 +807,7 @@ int fp8_linear_rows(const uint32_t *codes, const float *row_scale, const void *x
         return fp8_bf16_linear_rows(codes, row_scale, (const uint16_t *)x, ldx, k, rows, tiles, word_rowblock,
                                     word_row, word_tile, n0, n1, y, ldy);
 #endif
-    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 4);
+    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 4, FMA_PASS_ROWS);
     if (!x_perm) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
@@ -794,7 +815,7 @@ int fp8_linear_rows(const uint32_t *codes, const float *row_scale, const void *x
             case MB: fp8_rows_##MB(codes, row_scale, x_perm, tiles, word_rowblock, word_row, word_tile, b0, b1, \
                                    n1, m, y, ldy); break;
         for (int64_t m = 0, mb; m < rows; m += mb)
-            switch (mb = rows - m < 8 ? rows - m : 8) { EVERY_MB(FP8_CASE) }
+            switch (mb = rows - m < FMA_PASS_ROWS ? rows - m : FMA_PASS_ROWS) { EVERY_MB(FP8_CASE) }
     }
     free(x_perm);
     return 0;
