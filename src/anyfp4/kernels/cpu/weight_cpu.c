@@ -42,15 +42,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* rows of x a pass over a weight row block decodes for: up to 8 (a call takes 8 at a time, then the rest at once;
-   the bf16 dot products up to 4: at 8 their sums and partial sums no longer fit the registers, 2.4x the time
-   of 4) */
-#define EVERY_MB(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
-#define EVERY_MB_TO_4(X) X(1) X(2) X(3) X(4)
-/* rows of x per pass over a decoded weight row block: the FMA paths' and the bf16 dot products' (at 8 their sums
-   spill) */
-#define FMA_PASS_ROWS 8
-#define BF16_PASS_ROWS 4
+/* rows of x a pass over a weight row block decodes for: up to 8 (a call takes 8 at a time, then the rest at once).
+   With a pass's rows side by side in the permuted x (pass_of) the bf16 dot products' eight rows of sums and partial
+   sums stay in registers too (with each row's k contiguous they spilled, 2.4x the time of 4 rows) */
+#define EVERY_MB(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)  /* 1 .. PASS_ROWS */
+#define PASS_ROWS 8
 
 #if !defined(TILE_ROWS) || !defined(TILE_WORDS) || !defined(TILE_BLOCKS) || !defined(WORDS_PER_BLOCK)
 #error "the layout defines (TILE_ROWS, TILE_WORDS, TILE_BLOCKS, WORDS_PER_BLOCK, NVFP4_CODE_i, ...) come from linear.py"
@@ -190,7 +186,7 @@ static void nvfp4_bf16_rows_##MB(const uint32_t *codes, const uint8_t *scales, c
     const __m512i table = _mm512_loadu_si512(values);                                                       \
     NVFP4_ROW_LOOP(MB, uint32_t, 4, NVFP4_PAIR_STEP(0) NVFP4_PAIR_STEP(1) NVFP4_PAIR_STEP(2) NVFP4_PAIR_STEP(3)) \
 }
-EVERY_MB_TO_4(NVFP4_BF16_ROWS)
+EVERY_MB(NVFP4_BF16_ROWS)
 #endif
 
 /* FP8: a value's 7 magnitude bits at fp16 bits 7-13 and its sign at 15 are e4m3 * 2^-8 as an fp16 (subnormals
@@ -265,7 +261,7 @@ static void fp8_bf16_rows_##MB(const uint32_t *codes, const float *row_scale, co
         store_rows(acc, MB, row_scale ? row_scale[n] : 1.0f, y + m0 * ldy + n, ldy);                       \
     }                                                                                                       \
 }
-EVERY_MB_TO_4(FP8_BF16_ROWS)
+EVERY_MB(FP8_BF16_ROWS)
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512FP16__) && !defined(WEIGHT_CPU_NO_AMX)
 /* bf16 rows on CPUs with AMX tiles: a row block (TILE_ROWS = 16 weight rows) is decoded to exact bf16 weights in
@@ -682,7 +678,7 @@ static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int6
 
 /* Entry points: output rows [n0, n1) (the caller's threads take disjoint ranges) and all `rows` rows of x
    (x_dtype, k values a row at row stride ldx; `tiles`: the tiles that hold k < K). A row block of the weight
-   (TILE_ROWS rows) is decoded for 8 (bf16 dot products: 4) rows of x at a time, then the rest at once, while it
+   (TILE_ROWS rows) is decoded for 8 rows of x at a time, then the rest at once, while it
    is in cache. y is (rows, ldy) float32; column n of it gets weight row n. Returns 0, or -1 if the permuted x
    could not be allocated. */
 #ifdef NVFP4_BF16_PATH
@@ -713,7 +709,7 @@ static const int nvfp4_pair_codes[8] = NVFP4_PAIR_CODES, fp8_pair_bytes[4] = FP8
 static int fp8_bf16_linear_rows(const uint32_t *codes, const float *row_scale, const uint16_t *x, int64_t ldx,
                                 int64_t k, int64_t rows, int64_t tiles, int64_t word_rowblock, int64_t word_row,
                                 int64_t word_tile, int64_t n0, int64_t n1, float *y, int64_t ldy) {
-    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 4, fp8_pair_bytes, BF16_PASS_ROWS);
+    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 4, fp8_pair_bytes, PASS_ROWS);
     if (!x_pair) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
@@ -721,7 +717,7 @@ static int fp8_bf16_linear_rows(const uint32_t *codes, const float *row_scale, c
             case MB: fp8_bf16_rows_##MB(codes, row_scale, x_pair, tiles, word_rowblock, word_row, word_tile,    \
                                         b0, b1, n1, m, y, ldy); break;
         for (int64_t m = 0, mb; m < rows; m += mb)
-            switch (mb = rows - m < BF16_PASS_ROWS ? rows - m : BF16_PASS_ROWS) { EVERY_MB_TO_4(FP8_BF16_CASE) }
+            switch (mb = rows - m < PASS_ROWS ? rows - m : PASS_ROWS) { EVERY_MB(FP8_BF16_CASE) }
     }
     free(x_pair);
     return 0;
@@ -733,7 +729,7 @@ static int nvfp4_bf16_linear_rows(const uint32_t *codes, const uint8_t *scales, 
                                   int64_t word_rowblock, int64_t word_row, int64_t word_tile,
                                   int64_t scale_rowblock, int64_t scale_tile, int64_t n0, int64_t n1,
                                   float out_scale, float *y, int64_t ldy) {
-    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 8, nvfp4_pair_codes, BF16_PASS_ROWS);
+    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 8, nvfp4_pair_codes, PASS_ROWS);
     if (!x_pair) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
@@ -742,7 +738,7 @@ static int nvfp4_bf16_linear_rows(const uint32_t *codes, const uint8_t *scales, 
                                           word_row, word_tile, scale_rowblock, scale_tile, b0, b1, n1, m,       \
                                           out_scale, y, ldy); break;
         for (int64_t m = 0, mb; m < rows; m += mb)
-            switch (mb = rows - m < BF16_PASS_ROWS ? rows - m : BF16_PASS_ROWS) { EVERY_MB_TO_4(NVFP4_BF16_CASE) }
+            switch (mb = rows - m < PASS_ROWS ? rows - m : PASS_ROWS) { EVERY_MB(NVFP4_BF16_CASE) }
     }
     free(x_pair);
     return 0;
@@ -780,7 +776,7 @@ int nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const void *
                                       word_rowblock, word_row, word_tile, scale_rowblock, scale_tile, n0, n1,
                                       out_scale, y, ldy);
 #endif
-    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 8, FMA_PASS_ROWS);
+    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 8, PASS_ROWS);
     if (!x_perm) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
@@ -788,7 +784,7 @@ int nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const void *
             case MB: nvfp4_rows_##MB(codes, scales, x_perm, spans, lane_bytes, tiles, word_rowblock, word_row,  \
                                      word_tile, scale_rowblock, scale_tile, b0, b1, n1, m, out_scale, y, ldy); break;
         for (int64_t m = 0, mb; m < rows; m += mb)
-            switch (mb = rows - m < FMA_PASS_ROWS ? rows - m : FMA_PASS_ROWS) { EVERY_MB(NVFP4_CASE) }
+            switch (mb = rows - m < PASS_ROWS ? rows - m : PASS_ROWS) { EVERY_MB(NVFP4_CASE) }
     }
     free(x_perm);
     return 0;
@@ -807,7 +803,7 @@ int fp8_linear_rows(const uint32_t *codes, const float *row_scale, const void *x
         return fp8_bf16_linear_rows(codes, row_scale, (const uint16_t *)x, ldx, k, rows, tiles, word_rowblock,
                                     word_row, word_tile, n0, n1, y, ldy);
 #endif
-    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 4, FMA_PASS_ROWS);
+    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 4, PASS_ROWS);
     if (!x_perm) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
@@ -815,7 +811,7 @@ int fp8_linear_rows(const uint32_t *codes, const float *row_scale, const void *x
             case MB: fp8_rows_##MB(codes, row_scale, x_perm, tiles, word_rowblock, word_row, word_tile, b0, b1, \
                                    n1, m, y, ldy); break;
         for (int64_t m = 0, mb; m < rows; m += mb)
-            switch (mb = rows - m < FMA_PASS_ROWS ? rows - m : FMA_PASS_ROWS) { EVERY_MB(FP8_CASE) }
+            switch (mb = rows - m < PASS_ROWS ? rows - m : PASS_ROWS) { EVERY_MB(FP8_CASE) }
     }
     free(x_perm);
     return 0;
