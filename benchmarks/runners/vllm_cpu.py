@@ -91,6 +91,18 @@ def run_format(fmt: str, tokens: int, engine: str, cpu_kernels: str | None = Non
     return result
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the machine type where there is none: results differ by CPU (AMX
+    tiles or not)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="vllm_cpu_smollm2.json")
@@ -107,7 +119,7 @@ def main() -> None:
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
-    report = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "commit": commit,
+    report = {"cpu": cpu_model(), "cores": os.cpu_count(), "commit": commit,
               "date": time.strftime("%Y-%m-%d"), "vllm": vllm.__version__,
               "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "prompts": PROMPTS, "tokens": args.tokens,
               "runs": {}}
