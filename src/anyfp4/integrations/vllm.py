@@ -245,13 +245,14 @@ class AnyFP4LinearMethod(LinearMethodBase):
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         APPLY_CALLS[self.fmt.value] += 1
-        outs = []
+        outs = []  # the ops' .default overloads, as nn.linear calls them (no overload resolution per call)
         for p in layer.anyfp4_prepacks:
             if self.fmt is WeightFormat.NVFP4:
-                outs.append(torch.ops.anyfp4.nvfp4_linear(x, p.codes, p.scales, p.global_scale, None,
-                                                          p.out_features, p.in_features))
+                outs.append(torch.ops.anyfp4.nvfp4_linear.default(x, p.codes, p.scales, p.global_scale, None,
+                                                                  p.out_features, p.in_features))
             else:
-                outs.append(torch.ops.anyfp4.fp8_linear(x, p.codes, p.scales, None, p.out_features, p.in_features))
+                outs.append(torch.ops.anyfp4.fp8_linear.default(x, p.codes, p.scales, None, p.out_features,
+                                                                p.in_features))
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y + bias if bias is not None else y
 
