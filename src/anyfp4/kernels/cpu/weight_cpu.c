@@ -110,7 +110,7 @@ static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, 
             {                                                                                               \
                 const __m512 v = _mm512_permutexvar_ps(NVFP4_INDEX_##i(w), table);                          \
                 for (int m = 0; m < mb; m++)                                                                \
-                    part[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * 8 + i) * TILE_WORDS), part[m]);\
+                    part[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * 8 + i) * TILE_WORDS), part[m]);      \
             }
 
 /* The rows [n0, n1) of an NVFP4 weight for the MB rows of x from m0 (x_rows: XT values, PER_TILE of them per
@@ -125,7 +125,7 @@ static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, 
         const uint8_t *srow = scales + (n / TILE_ROWS) * scale_rowblock;                                     \
         if (n + PREFETCH_ROWS < n_end) PREFETCH_WORDS(n + PREFETCH_ROWS) PREFETCH_SCALES(n + PREFETCH_ROWS)  \
         /* lane j takes the scale of block j / 2: the row's 8 scale bytes, each twice, picked by a byte    \
-           shuffle from the aligned 16 bytes of the tile that hold them all (linear.py checks that they do) */\
+           shuffle from the aligned 16 bytes of the tile that hold them all (linear.py checks that they do) */  \
         const int64_t span = spans[r];                                                                      \
         const __m128i byte_index = _mm_loadu_si128((const __m128i *)(lane_bytes + r * 16));                 \
         for (int64_t t = 0; t < tiles; t++) {                                                               \
@@ -133,7 +133,7 @@ static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, 
             const __m512i sb = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(                                       \
                 _mm_loadu_si128((const __m128i *)(srow + t * scale_tile + span)), byte_index));              \
             const __m512 bs = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(sb, 20)), _mm512_set1_ps(P117)); \
-            const XT *xp = x_rows + (m0 * tiles + t * MB) * PER_TILE * TILE_WORDS;                               \
+            const XT *xp = x_rows + (m0 * tiles + t * MB) * PER_TILE * TILE_WORDS;                              \
             __m512 part[MB];                                                                                \
             for (int m = 0; m < MB; m++) part[m] = _mm512_setzero_ps();                                     \
             STEPS                                                                                           \
@@ -170,7 +170,7 @@ EVERY_MB(NVFP4_ROWS)
                 const __m512bh v = (__m512bh)_mm512_permutexvar_epi16(NVFP4_PAIR_INDEX_##p(w), table);      \
                 for (int m = 0; m < mb; m++)                                                                \
                     part[m] = _mm512_dpbf16_ps(part[m], v,                                                  \
-                        (__m512bh)_mm512_loadu_si512(xp + (m * 4 + p) * TILE_WORDS));              \
+                        (__m512bh)_mm512_loadu_si512(xp + (m * 4 + p) * TILE_WORDS));                           \
             }
 
 #define NVFP4_BF16_ROWS(MB)                                                                                     \
@@ -196,7 +196,7 @@ EVERY_MB(NVFP4_BF16_ROWS)
                 const __m512i half = FP8_HALF_##i(w);                                                       \
                 const __m512 v = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(half));                              \
                 for (int m = 0; m < mb; m++)                                                                \
-                    acc[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * 4 + i) * TILE_WORDS), acc[m]);\
+                    acc[m] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xp + (m * 4 + i) * TILE_WORDS), acc[m]);        \
             }
 
 #define FP8_ROWS(MB)                                                                                            \
@@ -237,7 +237,7 @@ static inline __m512i fp8_bf16_pairs(__m512i bits, __m512i subnormals) {
                 const __m512i v = fp8_bf16_pairs(FP8_PAIR_BITS_##p(w), subnormals);                         \
                 for (int m = 0; m < mb; m++)                                                                \
                     acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)v,                                          \
-                        (__m512bh)_mm512_loadu_si512(xq + (m * 2 + p) * TILE_WORDS));              \
+                        (__m512bh)_mm512_loadu_si512(xq + (m * 2 + p) * TILE_WORDS));                           \
             }
 
 #define FP8_BF16_ROWS(MB)                                                                                       \
@@ -583,7 +583,7 @@ static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const 
                     v[j] = as_float(as_bits(e2m1[c & 7]) | (c >> 3) << 31);                                 \
                 }                                                                                           \
                 for (int m = 0; m < MB; m++) {                                                              \
-                    const float *xp = x_rows + (m0 * tiles + t * MB + m) * 8 * TILE_WORDS + i * TILE_WORDS;\
+                    const float *xp = x_rows + (m0 * tiles + t * MB + m) * 8 * TILE_WORDS + i * TILE_WORDS;     \
                     for (int j = 0; j < TILE_WORDS; j++) part[m][j] += v[j] * xp[j];                        \
                 }                                                                                           \
             }                                                                                               \
@@ -616,10 +616,10 @@ static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const f
             for (int i = 0; i < 4; i++) {                                                                   \
                 float v[TILE_WORDS];                                                                        \
                 for (int j = 0; j < TILE_WORDS; j++) {                                                      \
-                    v[j] = as_float(as_bits(e4m3_magnitude(fp8_magnitude(w[j], i))) | fp8_sign(w[j], i) << 31);\
+                    v[j] = as_float(as_bits(e4m3_magnitude(fp8_magnitude(w[j], i))) | fp8_sign(w[j], i) << 31); \
                 }                                                                                           \
                 for (int m = 0; m < MB; m++) {                                                              \
-                    const float *xp = x_perm + (m0 * tiles + t * MB + m) * 4 * TILE_WORDS + i * TILE_WORDS;\
+                    const float *xp = x_perm + (m0 * tiles + t * MB + m) * 4 * TILE_WORDS + i * TILE_WORDS;     \
                     for (int j = 0; j < TILE_WORDS; j++) acc[m][j] += v[j] * xp[j];                         \
                 }                                                                                           \
             }                                                                                               \
@@ -649,7 +649,6 @@ static inline float x_value(const void *x, int dtype, int64_t i) {
     return ((const float *)x)[i];
 }
 
-/* x (rows, k) at row stride ldx -> a new float32 x_perm of `tiles` tiles (see above); NULL if out of memory */
 /* Row m's place in the passes of at most `most` rows that the entry points run (the rest of the rows the last
    pass): the offset of its tile 0 in a permuted x of `per_tile` values a tile, and the stride between its tiles. */
 static inline int64_t pass_of(int64_t m, int64_t rows, int64_t tiles, int64_t per_tile, int most, int64_t *stride) {
@@ -658,6 +657,7 @@ static inline int64_t pass_of(int64_t m, int64_t rows, int64_t tiles, int64_t pe
     return (m0 * tiles + m - m0) * per_tile;
 }
 
+/* x (rows, k) at row stride ldx -> a new float32 x_perm of `tiles` tiles (see above); NULL if out of memory */
 static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int64_t k, int64_t tiles, int fields,
                        int most) {
     const int64_t per_tile = (int64_t)TILE_WORDS * fields;
