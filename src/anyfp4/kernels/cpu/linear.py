@@ -68,10 +68,12 @@ def _arch_flags(cc: str) -> tuple[str, ...]:
     return ()
 
 
-def _build(cc: str, out_dir: Path, extra: tuple[str, ...] = ()) -> Path:
+def _build(cc: str, out_dir: Path, extra: tuple[str, ...] = (), source_file: Path | None = None) -> Path:
     """Compile the source into ``out_dir`` (atomically renamed into place); returns the shared library.
-    ``extra``: more flags (the tests build ``-DWEIGHT_CPU_PORTABLE``, the plain-C path, too)."""
-    source = SOURCE.read_text()
+    ``extra``: more flags (the tests build ``-DWEIGHT_CPU_PORTABLE``, the plain-C path, too); ``source_file``:
+    another revision of ``weight_cpu.c`` (a benchmark's before and after)."""
+    source_file = source_file or SOURCE
+    source = source_file.read_text()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
     flags = [*_FLAGS, *_arch_flags(cc), *layout_defines(), *extra]
     key = hashlib.sha256("\0".join([source, version, _cpu_signature(), platform.machine(), *flags]).encode())
@@ -82,10 +84,10 @@ def _build(cc: str, out_dir: Path, extra: tuple[str, ...] = ()) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        run = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
+        run = subprocess.run([cc, *flags, str(source_file), "-o", tmp], capture_output=True, text=True, timeout=300)
         if run.returncode != 0:
             last = (run.stderr.strip().splitlines() or [f"exit code {run.returncode}"])[-1]
-            raise OSError(f"{cc} could not compile {SOURCE.name}: {last}")
+            raise OSError(f"{cc} could not compile {source_file.name}: {last}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, lib)
     finally:
