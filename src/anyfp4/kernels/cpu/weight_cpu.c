@@ -649,23 +649,22 @@ static inline float x_value(const void *x, int dtype, int64_t i) {
     return ((const float *)x)[i];
 }
 
-/* Row m's place in the passes of at most `most` rows that the entry points run (the rest of the rows the last
-   pass): the offset of its tile 0 in a permuted x of `per_tile` values a tile, and the stride between its tiles. */
-static inline int64_t pass_of(int64_t m, int64_t rows, int64_t tiles, int64_t per_tile, int most, int64_t *stride) {
-    const int64_t m0 = m / most * most, mb = rows - m0 < most ? rows - m0 : most;
+/* Row m's place in the passes of PASS_ROWS rows that the entry points run (the rest of the rows the last pass):
+   the offset of its tile 0 in a permuted x of `per_tile` values a tile, and the stride between its tiles. */
+static inline int64_t pass_of(int64_t m, int64_t rows, int64_t tiles, int64_t per_tile, int64_t *stride) {
+    const int64_t m0 = m / PASS_ROWS * PASS_ROWS, mb = rows - m0 < PASS_ROWS ? rows - m0 : PASS_ROWS;
     *stride = mb * per_tile;
     return (m0 * tiles + m - m0) * per_tile;
 }
 
 /* x (rows, k) at row stride ldx -> a new float32 x_perm of `tiles` tiles (see above); NULL if out of memory */
-static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int64_t k, int64_t tiles, int fields,
-                       int most) {
+static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int64_t k, int64_t tiles, int fields) {
     const int64_t per_tile = (int64_t)TILE_WORDS * fields;
     float *xp = malloc((size_t)(rows * tiles * per_tile + 1) * sizeof(float));
     if (!xp) return NULL;
     for (int64_t m = 0; m < rows; m++) {
         int64_t stride;
-        float *row = xp + pass_of(m, rows, tiles, per_tile, most, &stride);
+        float *row = xp + pass_of(m, rows, tiles, per_tile, &stride);
         for (int64_t t = 0; t < tiles; t++)
             for (int i = 0; i < fields; i++)
                 for (int j = 0; j < TILE_WORDS; j++) {
@@ -685,13 +684,13 @@ static float *permuted(const void *x, int dtype, int64_t ldx, int64_t rows, int6
 /* bf16 x (rows, k) -> a new x_pair of `tiles` tiles: for tile t, pair p and lane j, the bf16 bits of x at the k
    of the pair's first code (low half) and second code (high half) of word j; zero past K */
 static uint32_t *paired(const uint16_t *x, int64_t ldx, int64_t rows, int64_t k, int64_t tiles, int fields,
-                        const int *pair_fields, int most) {
+                        const int *pair_fields) {
     const int pairs = fields / 2;
     uint32_t *xq = malloc((size_t)(rows * tiles * pairs * TILE_WORDS + 1) * sizeof(uint32_t));
     if (!xq) return NULL;
     for (int64_t m = 0; m < rows; m++) {
         int64_t stride;
-        uint32_t *row = xq + pass_of(m, rows, tiles, (int64_t)pairs * TILE_WORDS, most, &stride);
+        uint32_t *row = xq + pass_of(m, rows, tiles, (int64_t)pairs * TILE_WORDS, &stride);
         for (int64_t t = 0; t < tiles; t++)
             for (int p = 0; p < pairs; p++)
                 for (int j = 0; j < TILE_WORDS; j++) {
@@ -709,7 +708,7 @@ static const int nvfp4_pair_codes[8] = NVFP4_PAIR_CODES, fp8_pair_bytes[4] = FP8
 static int fp8_bf16_linear_rows(const uint32_t *codes, const float *row_scale, const uint16_t *x, int64_t ldx,
                                 int64_t k, int64_t rows, int64_t tiles, int64_t word_rowblock, int64_t word_row,
                                 int64_t word_tile, int64_t n0, int64_t n1, float *y, int64_t ldy) {
-    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 4, fp8_pair_bytes, PASS_ROWS);
+    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 4, fp8_pair_bytes);
     if (!x_pair) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
@@ -729,7 +728,7 @@ static int nvfp4_bf16_linear_rows(const uint32_t *codes, const uint8_t *scales, 
                                   int64_t word_rowblock, int64_t word_row, int64_t word_tile,
                                   int64_t scale_rowblock, int64_t scale_tile, int64_t n0, int64_t n1,
                                   float out_scale, float *y, int64_t ldy) {
-    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 8, nvfp4_pair_codes, PASS_ROWS);
+    uint32_t *x_pair = paired(x, ldx, rows, k, tiles, 8, nvfp4_pair_codes);
     if (!x_pair) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
@@ -776,7 +775,7 @@ int nvfp4_linear_rows(const uint32_t *codes, const uint8_t *scales, const void *
                                       word_rowblock, word_row, word_tile, scale_rowblock, scale_tile, n0, n1,
                                       out_scale, y, ldy);
 #endif
-    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 8, PASS_ROWS);
+    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 8);
     if (!x_perm) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
@@ -803,7 +802,7 @@ int fp8_linear_rows(const uint32_t *codes, const float *row_scale, const void *x
         return fp8_bf16_linear_rows(codes, row_scale, (const uint16_t *)x, ldx, k, rows, tiles, word_rowblock,
                                     word_row, word_tile, n0, n1, y, ldy);
 #endif
-    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 4, PASS_ROWS);
+    float *x_perm = permuted(x, (int)x_dtype, ldx, rows, k, tiles, 4);
     if (!x_perm) return -1;
     for (int64_t b0 = n0; b0 < n1; b0 = (b0 / TILE_ROWS + 1) * TILE_ROWS) {
         const int64_t b1 = (b0 / TILE_ROWS + 1) * TILE_ROWS < n1 ? (b0 / TILE_ROWS + 1) * TILE_ROWS : n1;
