@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import tempfile
 import time
@@ -63,7 +62,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         libs = builds(Path(tmp))
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        result = {"cpu": platform.processor() or platform.machine(), "commit": commit,
+        result = {"cpu": cpu_linear.cpu_model(), "commit": commit,
                   "date": time.strftime("%Y-%m-%d"), "features": {k: cpu_linear.features(v) for k, v in libs.items()},
                   "threads": 1, "rows": []}
         for shape in args.shapes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,16 +26,12 @@ from anyfp4.kernels.cpu import linear as cpu_linear
 from anyfp4.packing.fp8 import prepack_fp8
 from anyfp4.packing.nvfp4 import prepack_nvfp4
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # cpu_amx.py beside this script
+from cpu_amx import best_us  # noqa: E402  (a call's best time over weight copies from DRAM)
+
 SHAPES = ["3072x576", "576x1536", "960x576"]
 ROTATE_BYTES = 24 << 20
 SOURCE_PATH = "src/anyfp4/kernels/cpu/weight_cpu.c"
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def builds(before: str, tmp: Path) -> dict:
@@ -70,7 +67,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         libs = builds(args.before, Path(tmp))
-        result = {"cpu": cpu_model(), "before": short(args.before), "after": short("HEAD"),
+        result = {"cpu": cpu_linear.cpu_model(), "before": short(args.before), "after": short("HEAD"),
                   "date": time.strftime("%Y-%m-%d"), "features": {k: cpu_linear.features(v) for k, v in libs.items()},
                   "threads": 1, "rows": []}
         for shape in args.shapes:
@@ -85,11 +82,7 @@ def main() -> None:
                     best = {name: float("inf") for name in libs}
                     for _ in range(args.trials):  # the builds alternate, so drift of the machine hits both
                         for name, lib in libs.items():
-                            call(lib, fmt, x, copies[0])
-                            t0 = time.perf_counter()
-                            for w in copies:
-                                call(lib, fmt, x, w)
-                            best[name] = min(best[name], (time.perf_counter() - t0) / len(copies) * 1e6)
+                            best[name] = min(best[name], best_us(lib, fmt, x, copies, 1))
                     same = torch.equal(*(call(lib, fmt, x, copies[0]) for lib in libs.values()))
                     row = {"format": fmt, "n": n, "k": k, "m": m, "before_us": best["before"],
                            "after_us": best["after"], "before_over_after": best["before"] / best["after"],

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -91,18 +90,6 @@ def run_format(fmt: str, tokens: int, engine: str, cpu_kernels: str | None = Non
     return result
 
 
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), or the machine type where there is none: results differ by CPU (AMX
-    tiles or not)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="vllm_cpu_smollm2.json")
@@ -116,6 +103,8 @@ def main() -> None:
         Path(args.serve[2]).write_text(json.dumps(serve(args.serve[0], args.serve[1], args.tokens)))
         return
     import vllm
+
+    from anyfp4.kernels.cpu.linear import cpu_model
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()

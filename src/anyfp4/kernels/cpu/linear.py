@@ -51,12 +51,24 @@ def _compiler() -> str | None:
     return None
 
 
-def _cpu_signature() -> str:
+def _cpuinfo_line(prefixes: tuple[str, ...]) -> str | None:
+    """The first /proc/cpuinfo line starting with one of ``prefixes``: "" if none does, None without the file."""
     try:
         with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+            return next((line for line in f if line.startswith(prefixes)), "")
     except OSError:
-        return platform.processor()
+        return None
+
+
+def _cpu_signature() -> str:
+    line = _cpuinfo_line(("flags", "Features"))
+    return platform.processor() if line is None else line
+
+
+def cpu_model() -> str:
+    """The CPU's model name (benchmarks record it: the kernels' paths differ by CPU), else the machine type."""
+    line = _cpuinfo_line(("model name",))
+    return line.split(":", 1)[1].strip() if line else platform.processor() or platform.machine()
 
 
 def _arch_flags(cc: str) -> tuple[str, ...]:
