@@ -24,13 +24,14 @@ def padded(k: int) -> int:
 
 # (sm, sms, format, gated, K, N, M, split_k argument) -> what mma_config gave with the literal tables (the first
 # five: the K-warp re-sweep of 2026-12-01, results/nvfp4_mma_sweep_kw_h200.json; 4096x4096 and gated 2x14336x4096
-# from the slice re-sweep, results/nvfp4_mma_sweep_slices_h200.json)
+# from the slice re-sweep, results/nvfp4_mma_sweep_slices_h200.json; wgmma: the warpgroup-mma sweep of 2026-12-07,
+# results/nvfp4_mma_sweep_wgmma_h100.json)
 MMA_CASES = [
     ((90, 132, "nvfp4", False, 4096, 4096, 1, 0), MMAConfig(mt=1, warps=8, split_k=4, depth=2, kw=2)),
     ((90, 132, "nvfp4", False, 4096, 4096, 2, 0), MMAConfig(mt=1, warps=4, split_k=8, depth=2)),  # M = 1's slices
-    ((90, 132, "nvfp4", False, 4096, 4096, 7, 0), MMAConfig(mt=1, warps=8, split_k=8, depth=2)),  # bucket 8
+    ((90, 132, "nvfp4", False, 4096, 4096, 7, 0), MMAConfig(mt=1, warps=8, split_k=8, depth=4, wgmma=1)),  # bucket 8
     ((90, 132, "nvfp4", False, 4096, 14336, 1, 0), MMAConfig(mt=2, warps=8, split_k=2, depth=2, kw=2)),
-    ((90, 132, "nvfp4", False, 4096, 14336, 32, 0), MMAConfig(mt=2, warps=8, split_k=4, depth=2)),
+    ((90, 132, "nvfp4", False, 4096, 14336, 32, 0), MMAConfig(mt=1, warps=8, split_k=4, depth=2, wgmma=1)),
     ((90, 132, "nvfp4", False, 8192, 28672, 1, 0), MMAConfig(mt=1, warps=8, split_k=1, depth=8)),
     ((90, 132, "nvfp4", False, 8192, 28672, 3, 0), MMAConfig(mt=1, warps=8, split_k=1, depth=4)),  # bucket 4
     ((90, 132, "nvfp4", True, 4096, 14336, 1, 0), MMAConfig(mt=1, warps=8, split_k=2, depth=2)),

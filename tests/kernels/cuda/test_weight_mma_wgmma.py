@@ -79,6 +79,7 @@ def test_a_rows_sums_do_not_depend_on_the_other_rows(fmt):
     (90, "nvfp4", MMAConfig(1, 2, 1, 2, wgmma=1), "whole warpgroups"),
     (90, "nvfp4", MMAConfig(1, 4, 1, 2, shared_ring=1, wgmma=1), "register ring"),
     (90, "nvfp4", MMAConfig(1, 4, 1, 2, wgmma=3), "wgmma is 0"),
+    (90, "nvfp4", MMAConfig(1, 8, 2, 2, wgmma=2), "wgmma 2"),
 ])
 def test_warpgroup_mmas_are_refused_where_they_cannot_run(sm, fmt, cfg, match):
     gen = torch.Generator().manual_seed(43)
@@ -144,3 +145,23 @@ def test_warpgroup_mmas_on_the_gpu(fmt):
             g = gemm(x, pg, None, cfg)
             ref = torch.nn.functional.silu(x.double() @ gd.t()) * (x.double() @ ud.t())
             assert rel_err(g, ref) < 8e-3, (m, cfg)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("m", [5, 8, 16, 32])
+def test_warpgroup_split_k_slices_of_an_odd_step_count_on_the_gpu(m):
+    """Slices of seven steps (K = 14336 in 16 split-K blocks, as Llama's down projection runs): a partial pass at the
+    end of every slice, where wgmma 2 gave NaN sums on an H100. The launch table's wgmma 1 configs: mma.sync's sums,
+    the same twice, and each row's sums those of the row alone."""
+    gen = torch.Generator(device="cuda").manual_seed(45)
+    p = prepack_nvfp4(nvfp4_weight(256, 14336, gen, torch.tensor(2e-3), device="cuda"))
+    x = torch.randn(m, 14336, device="cuda", generator=gen).to(torch.bfloat16)
+    for cfg in (MMAConfig(2, 8, 16, 2, wgmma=1), MMAConfig(1, 8, 16, 4, wgmma=1)):
+        sums = weight_mma.nvfp4_mma_gemm(x, p, None, cfg, out_dtype=torch.float32)
+        assert not sums.isnan().any(), cfg
+        assert torch.equal(sums, weight_mma.nvfp4_mma_gemm(x, p, None, cfg, out_dtype=torch.float32)), cfg
+        assert torch.equal(sums, weight_mma.nvfp4_mma_gemm(x, p, None, replace(cfg, wgmma=0),
+                                                           out_dtype=torch.float32)), cfg
+        alone = weight_mma.nvfp4_mma_gemm(x[-1:], p, None, replace(cfg, wgmma=0), out_dtype=torch.float32)
+        assert torch.equal(sums[-1:], alone), cfg

@@ -168,6 +168,9 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
         pairs = " (expert pairs)" if experts else ""
         raise ValueError(f"warpgroup mmas (wgmma) run on sm_{WGMMA_SM} with one K warp, whole warpgroups of warps and "
                          f"a register ring, not on sm_{sm} with {c}{pairs}")
+    if c.wgmma == 2 and c.split_k > 1:  # H100, 2026-12-07: NaN sums, different each run (results/wgmma_h100.json)
+        raise ValueError(f"warpgroup mmas left in flight across steps (wgmma 2) gave wrong sums with split-K on an "
+                         f"H100; use wgmma 1 or split_k 1, not {c}")
     defines = dict(source_defines(fmt, "bf16" if bf16 else "fp16"), **arch_defines(sm),
                    EARLY=int(early), SPLIT=c.split_k, OUT_F32=int(out_dtype == torch.float32), FP8=int(fmt == "fp8"),
                    NT=n_tiles_for(m), MT=c.mt, WARPS=c.warps, KW=c.kw, DEPTH=c.depth, BF16=int(bf16),
