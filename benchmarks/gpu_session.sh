@@ -33,6 +33,8 @@
 #   bash benchmarks/gpu_session.sh ring      # the shared-memory ring (MMAConfig.shared_ring): its GPU tests, the
 #                                            # table's configs against shared rings (probes/shared_ring.py)
 #   bash benchmarks/gpu_session.sh wgmma     # the decode kernel's warpgroup mmas: GPU tests, against mma.sync and bf16
+#   bash benchmarks/gpu_session.sh wgmmabench # the table's wgmma entries end to end: bench --batch 8 / 16, 7 drafts,
+#                                            # against the entries before them (same sha256 expected)
 #   bash benchmarks/gpu_session.sh fusedswap # the fused prefill GEMM, decoded tile as wgmma's register operand
 #   bash benchmarks/gpu_session.sh ringsweep # a sweep with shared rings (SHAPES, GATED, MS), then bench (ARCH, FORMAT)
 #                                            # with it as ANYFP4_MMA_TABLE and with the built-in table
@@ -250,6 +252,20 @@ wgmma)
         | tail -4 | tee "$OUT/pytest_wgmma.txt"
     (cd benchmarks/probes && timeout ${SWEEP_S:-300} python3 wgmma.py ${COMMIT:+--commit $COMMIT} \
         ${LAYERS:+--layers $LAYERS} ${MS:+--ms $MS} --out "$OUT/wgmma.json" 2>&1 | grep -v Warn)
+    ;;
+wgmmabench)
+    # the launch table's warpgroup-mma entries end to end: random Llama-3.1-8B NVFP4 at batch 8 and 16 and with 7
+    # n-gram drafts (verify M = 8), the built-in table against its entries before them (ANYFP4_MMA_TABLE, results/
+    # cuda_mma_sm90_before_wgmma.json), alternated; each pair's sha256 must match (wgmma 1 adds as mma.sync does)
+    before="$PWD/benchmarks/results/cuda_mma_sm90_before_wgmma.json"
+    for round in 1 2; do
+        for b in 8 16; do
+            bench bench_llama8b_nvfp4_b${b}_wgmma_$round --format nvfp4 --batch $b
+            ANYFP4_MMA_TABLE="$before" bench bench_llama8b_nvfp4_b${b}_before_$round --format nvfp4 --batch $b
+        done
+    done
+    bench bench_llama8b_nvfp4_ngram7_wgmma --format nvfp4 --speculate ngram --draft-tokens 7
+    ANYFP4_MMA_TABLE="$before" bench bench_llama8b_nvfp4_ngram7_before --format nvfp4 --speculate ngram --draft-tokens 7
     ;;
 fusedswap)
     # the fused prefill GEMM with the decoded tile as wgmma's register operand (FusedConfig.swap_ab): its GPU tests,
