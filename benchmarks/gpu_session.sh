@@ -252,6 +252,7 @@ wgmma)
         | tail -4 | tee "$OUT/pytest_wgmma.txt"
     (cd benchmarks/probes && timeout ${SWEEP_S:-300} python3 wgmma.py ${COMMIT:+--commit $COMMIT} \
         ${LAYERS:+--layers $LAYERS} ${MS:+--ms $MS} --out "$OUT/wgmma.json" 2>&1 | grep -v Warn)
+    timeout 150 python3 benchmarks/probes/wgmma_bits.py --out "$OUT/wgmma_bits.json" 2>&1 | grep -v Warn | tail -12
     ;;
 wgmmabench)
     # the launch table's warpgroup-mma entries end to end: random Llama-3.1-8B NVFP4 at batch 8 and 16 and with 7
