@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,20 @@ def test_nothing_is_read_at_import():
             "print(l.builtin_mma_table.cache_info().currsize, l.builtin_decode_table.cache_info().currsize)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["0", "0"]
+
+
+def test_warpgroup_entries_fall_back_to_mma_sync_where_nvrtc_cannot_compile_them(monkeypatch):
+    """A CUDA 11.8 NVRTC (torch's cu118 wheels) has no sm_90a: the table's wgmma entries run as mma.sync (the same
+    sums), the rest of the config unchanged."""
+    from anyfp4.kernels.cuda import nvrtc
+
+    monkeypatch.delenv("ANYFP4_MMA_TABLE", raising=False)
+    key = (90, 132, "nvfp4", False, 4096, 14336, 32, 0)
+    sm, sms, fmt, gated, k, n, m, split = key
+    served = mma_config(sm, sms, fmt, gated, n, k, padded(k), m, split)
+    assert served.wgmma == 1
+    monkeypatch.setattr(nvrtc, "compiler_available", lambda: True)
+    monkeypatch.setattr(nvrtc, "version", lambda: (11, 8))
+    assert mma_config(sm, sms, fmt, gated, n, k, padded(k), m, split) == replace(served, wgmma=0)
+    monkeypatch.setattr(nvrtc, "version", lambda: (12, 0))
+    assert mma_config(sm, sms, fmt, gated, n, k, padded(k), m, split) == served

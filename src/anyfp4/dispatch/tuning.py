@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..kernels.cuda import nvrtc
 from ..kernels.cuda.weight_mma_defines import STEP_K
 from ..kernels.cuda.weight_mma_geometry import (STAGE_BYTES, k_slices, k_warps_refusal, least_shared_bytes,
                                                rows_per_block)
@@ -117,9 +118,12 @@ def mma_config(sm: int, sms: int, fmt: str, gated: bool, n: int, k: int, k_pad: 
     bucket, else the heuristic (always 128-row blocks, which every prepack's row padding covers). The K slices
     (split-K blocks x K warps) always come from M = 1 — they alone set the order in which a row's partial sums are
     added, so every M gives each row the bits M = 1 gives it (a verify pass of k + 1 rows computes what k + 1
-    single-token steps would) — unless ``split_k`` (> 0) names them for every M (a tensor-parallel shard's)."""
+    single-token steps would) — unless ``split_k`` (> 0) names them for every M (a tensor-parallel shard's). An
+    entry's warpgroup mmas become mma.sync where NVRTC cannot compile them (the same sums either way)."""
     c = (_mma_entry((sm, fmt, gated, k, n, m_bucket(min(m, DECODE_ROWS))))  # a wider prefill chunk: the widest bucket
          or mma_heuristic_config(n, k_pad, m, sms, gated, fmt))
+    if c.wgmma and not nvrtc.compiles_sm90a():  # the mma.sync launch of the same config adds the same sums
+        c = replace(c, wgmma=0)
     if not split_k:
         one = _mma_entry((sm, fmt, gated, k, n, 1)) or mma_heuristic_config(n, k_pad, 1, sms, gated, fmt)
         split_k = k_slices(one)

@@ -165,3 +165,14 @@ def test_warpgroup_split_k_slices_of_an_odd_step_count_on_the_gpu(m):
                                                            out_dtype=torch.float32)), cfg
         alone = weight_mma.nvfp4_mma_gemm(x[-1:], p, None, replace(cfg, wgmma=0), out_dtype=torch.float32)
         assert torch.equal(sums[-1:], alone), cfg
+
+
+def test_warpgroup_mmas_are_refused_by_an_nvrtc_without_sm90a(monkeypatch):
+    """CUDA 11.8's NVRTC (torch's cu118 wheels) cannot compile for sm_90a: a wgmma config is refused in one line."""
+    monkeypatch.setattr(nvrtc, "compiler_available", lambda: True)
+    monkeypatch.setattr(nvrtc, "version", lambda: (11, 8))
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    codes, scales = torch.zeros(128, 32, dtype=torch.int32), torch.zeros(128, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="NVRTC 11.8 lacks"):
+        weight_mma.plan_launch("nvfp4", x, codes, scales, torch.ones(1), None, 128, 0, MMAConfig(1, 4, 1, 2, wgmma=1),
+                               None, None, stage_bytes=65536, early=False, counters=None, sm=90)

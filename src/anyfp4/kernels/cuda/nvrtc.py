@@ -106,6 +106,15 @@ def version() -> tuple[int, int]:
     return major.value, minor.value
 
 
+SM90A_MIN_VERSION = (12, 0)  # sm_90a and wgmma.mma_async (PTX ISA 8.0) came with CUDA 12.0
+
+
+def compiles_sm90a() -> bool:
+    """NVRTC compiles for sm_90a (warpgroup mmas): CUDA 12.0+, not the CUDA 11.8 NVRTC of torch's cu118 wheels.
+    True where no NVRTC is found (then no CUDA kernel is compiled at all)."""
+    return not compiler_available() or version() >= SM90A_MIN_VERSION
+
+
 def compile_cubin(source: str, name: str, sm: int, defines: dict[str, int]) -> bytes:
     """Compile ``source`` for ``sm_{sm}`` with ``#define``s prepended; returns the cubin."""
     return _compile(source, name, sm, defines)[0]

@@ -168,6 +168,9 @@ def plan_launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: to
         pairs = " (expert pairs)" if experts else ""
         raise ValueError(f"warpgroup mmas (wgmma) run on sm_{WGMMA_SM} with one K warp, whole warpgroups of warps and "
                          f"a register ring, not on sm_{sm} with {c}{pairs}")
+    if c.wgmma and not nvrtc.compiles_sm90a():
+        raise ValueError(f"warpgroup mmas (wgmma) compile for sm_90a, which NVRTC "
+                         f"{'.'.join(map(str, nvrtc.version()))} lacks (CUDA 12.0+ has it): use wgmma 0")
     if c.wgmma == 2 and c.split_k > 1:  # H100, 2026-12-07: NaN sums, different each run (results/wgmma_h100.json)
         raise ValueError(f"warpgroup mmas left in flight across steps (wgmma 2) gave wrong sums with split-K on an "
                          f"H100; use wgmma 1 or split_k 1, not {c}")
