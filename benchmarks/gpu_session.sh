@@ -193,6 +193,7 @@ moe)
             || tail -3 "$OUT/bench_moe_b$batch$SUFFIX.err"
     }
     SUFFIX= moe_bench 1 --format nvfp4 --compare bf16
+    ANYFP4_EXPERTS_EARLY=1 SUFFIX=_early moe_bench 1 --format nvfp4  # the grouped launches early (same sha256)
     timeout 200 python3 benchmarks/kernels/experts.py --batch 1 16 --formats nvfp4 nvfp4-triton fp8 fp8-triton bf16 \
         ${SWEEP:+--sweep} ${COMMIT:+--commit $COMMIT} --out "$OUT/experts.json" 2>&1 | grep -v "^\[" | tail -50
     timeout 100 python3 benchmarks/probes/step_profile.py --arch qwen3-30b-a3b --formats nvfp4 \

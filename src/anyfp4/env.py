@@ -129,6 +129,14 @@ def early_launch_allowed() -> bool:
     return _choice("ANYFP4_EARLY_LAUNCH", ("0", "1"), "1") == "1"
 
 
+def experts_early_launch() -> bool:
+    """``ANYFP4_EXPERTS_EARLY``: ``1`` launches a mixture of experts' grouped expert launches early too (where
+    ``ANYFP4_EARLY_LAUNCH`` allows early launches), each block waiting for the routing before it reads anything —
+    its expert ids choose the weights it reads; ``0`` (default, until measured on a GPU) launches them in stream
+    order. Outputs are bit-identical either way."""
+    return _choice("ANYFP4_EXPERTS_EARLY", ("0", "1"), "0") == "1"
+
+
 TP_ALLREDUCE_CHOICES = ("auto", "peer", "nccl")
 
 

@@ -169,11 +169,15 @@ def test_stacked_experts_are_the_experts(tmp_path, fmt):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("early", ["0", "1"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "bf16"])
-def test_on_the_gpu_a_graphed_step_replays_the_eager_step(nvfp4_moe, fmt, monkeypatch):
+def test_on_the_gpu_a_graphed_step_replays_the_eager_step(nvfp4_moe, fmt, early, monkeypatch):
     """NVFP4, FP8 and float experts on a GPU: the grouped launches eagerly and inside the decode step's CUDA graph,
-    the same bits."""
+    the same bits — in stream order and early-launched (``ANYFP4_EXPERTS_EARLY``, where replays faulted before its
+    blocks waited first thing)."""
     from helpers import graphed_against_eager
+
+    monkeypatch.setenv("ANYFP4_EXPERTS_EARLY", early)
 
     ckpt = {"nvfp4": nvfp4_moe, "bf16": nvfp4_moe.parent / "src"}.get(fmt) or quantize_checkpoint(
         nvfp4_moe.parent / "src", nvfp4_moe.parent / "fp8", QuantizeOptions(format=TargetFormat.FP8,

@@ -17,7 +17,7 @@ import anyfp4.ops  # noqa: F401
 import host_cuda
 from anyfp4.dispatch.configs import MMAConfig
 from anyfp4.dispatch.tuning import experts_mma_config
-from anyfp4.kernels.cuda import weight_mma
+from anyfp4.kernels.cuda import nvrtc, weight_mma
 from anyfp4.packing.fp8 import FP8Prepacked, prepack_fp8, prepack_fp8_gated
 from anyfp4.packing.layout import K_ALIGN, round_up
 from anyfp4.packing.nvfp4 import NVFP4Prepacked, prepack_nvfp4, prepack_nvfp4_gated
@@ -124,6 +124,25 @@ def test_the_plan_refuses_what_it_cannot_run():
              torch.empty(2, 17, dtype=torch.float16), **kw)
 
 
+@pytest.mark.skipif(not nvrtc.compiler_available(), reason="needs NVRTC")
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_an_early_grouped_launch_compiles_and_waits_before_its_ids(fmt):
+    """``ANYFP4_EXPERTS_EARLY``: the early variant compiles for sm_90, and its blocks wait for the kernel before
+    (``griddepcontrol.wait``) before they read the ids (the source's order: the wait comes first)."""
+    gen = torch.Generator().manual_seed(6)
+    packs, (codes, scales, gscale) = stacked(fmt, 2, 16, 256, False, gen)
+    x = torch.randn(1, 256, generator=gen).to(torch.bfloat16)
+    plan = weight_mma.plan_experts_launch(fmt, x, torch.zeros(2, dtype=torch.int32), codes,
+                                          scales if fmt == "nvfp4" else None, gscale, 16, 0,
+                                          experts_mma_config(256, fmt), None, stage_bytes=weight_mma.STAGE_BYTES,
+                                          sm=90, early=True)
+    assert plan.defines["EARLY"] == 1 and plan.defines["EXPERTS"] == 1
+    assert nvrtc.compile_cubin(weight_mma.source_text(), weight_mma.KERNEL, 90, plan.defines)
+    source = weight_mma.source_text()
+    block = source[source.index("#if EXPERTS\n    {"):]
+    assert block.index("griddepcontrol.wait") < block.index("ids + pair")
+
+
 @pytest.mark.parametrize("fmt, k_pad", [("nvfp4", 2048), ("nvfp4", 768), ("nvfp4", 256), ("fp8", 768)])
 def test_the_config_runs_every_shape_without_split_k(fmt, k_pad):
     c = experts_mma_config(k_pad, fmt)
@@ -134,10 +153,13 @@ def test_the_config_runs_every_shape_without_split_k(fmt, k_pad):
 @pytest.mark.parametrize("gated, n, k", [(True, 40, 272), (False, 72, 768), (True, 768, 2048)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-def test_the_gpu_gives_each_pair_its_expert_alone(fmt, dtype, gated, n, k):
-    """Through the op (the policy's grouped launch) against the kernel's own launch of each pair alone."""
+@pytest.mark.parametrize("early", ["0", "1"])
+def test_the_gpu_gives_each_pair_its_expert_alone(fmt, dtype, gated, n, k, early, monkeypatch):
+    """Through the op (the policy's grouped launch; in stream order and, ``ANYFP4_EXPERTS_EARLY=1``, early) against
+    the kernel's own launch of each pair alone."""
     if not weight_mma.enabled(torch.cuda.get_device_capability()[0] * 10, dtype):
         pytest.skip("the CUDA decode kernel does not serve this GPU")
+    monkeypatch.setenv("ANYFP4_EXPERTS_EARLY", early)
     config = experts_mma_config(round_up(k, K_ALIGN), fmt)
     alone = weight_mma.nvfp4_mma_gemm if fmt == "nvfp4" else weight_mma.fp8_mma_gemm
 

@@ -64,11 +64,11 @@
 // EXPERTS (a mixture of experts' grouped launch: block z runs pair z = blockIdx.z of a decode step's (token, expert)
 // pairs — expert ids[z]'s prepack, found expert_c4 / expert_s2 / expert_g (codes in uint4, scales in u16, global or row
 // scales in floats) on from the first expert's, over activation row z / pairs_per_row, into output row z; M = 1 and no
-// split-K, so a pair gets the bits this launch gives that row with that expert alone; never an early launch:
+// split-K, so a pair gets the bits this launch gives that row with that expert alone; in stream order by default:
 // early-launched behind the routing kernel it faulted now and then in CUDA-graph replays on an H100 (an illegal
-// address; the host build, every input between guard pages, reads nothing out of bounds) — most likely its ids load,
-// from a const __restrict__ pointer, which the compiler may treat as invariant and move above griddepcontrol.wait, read
-// them before the routing kernel wrote them; in stream order that kernel has finished); and the constants of the tile
+// address; the host build, every input between guard pages, reads nothing out of bounds) — most likely its ids were
+// read before the routing kernel wrote them. With EARLY (ANYFP4_EXPERTS_EARLY=1) every block now waits first thing,
+// before it reads its ids or any weight); and the constants of the tile
 // layout, the staging and the decode (STEP, X_T, X_Q, XS_PAD, TILE_ROWS, TILE_WORDS, TILE_BLOCKS, SCALE_PERM_BASE,
 // SCALE_PERM_STEP, SCALE_MUL, SCALE_ADD, FP8_BF16_RESCALE, UNIT), which kernels/cuda/weight_mma_defines.py works out
 // from packing/layout.py and the formats. The k range staged per round (kc, a multiple of DEPTH steps) is a run-time
@@ -454,9 +454,6 @@ __device__ __forceinline__ void quad_pairs_to_c(float* q, float* c, int lane) {
 #if EXPERTS && SPLIT != 1
 #error "a grouped expert launch (EXPERTS) has one activation row per pair and no split-K"
 #endif
-#if EXPERTS && EARLY
-#error "a grouped expert launch (EXPERTS) starts in stream order: its ids come from the kernel before"
-#endif
 #define LEAVES (SPLIT & -SPLIT)
 #define PER_LEAF (SPLIT / LEAVES)
 __device__ __forceinline__ float sum_slices(const float* p, long long stride) {
@@ -586,6 +583,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) anyfp4_weight_mma(
 #endif
 #if EXPERTS
     {
+#if EARLY
+        // the ids come from the kernel before and choose every weight this block reads: wait for it before anything
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
         const int pair = blockIdx.z;
         const long long expert = __ldcg(ids + pair);  // from the kernel before: through L2, never a cached copy
         codes += expert * expert_c4;

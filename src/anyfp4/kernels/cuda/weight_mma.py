@@ -217,12 +217,13 @@ class ExpertPairs:
 def plan_experts_launch(fmt: str, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor,
                         block_scales: torch.Tensor | None, gscale: torch.Tensor, n_rows: int, up_offset: int,
                         config: MMAConfig, out: torch.Tensor | None, *, stage_bytes: int,
-                        sm: int = ASYNC_SM) -> Launch:
+                        sm: int = ASYNC_SM, early: bool = False) -> Launch:
     """A mixture of experts' grouped launch (no GPU needed): for each pair p, expert ``ids[p]``'s prepack (codes,
     NVFP4 block scales and global scales or FP8 row scales, each stacked along a leading expert dimension) over row
     ``p // (pairs / rows)`` of x (rows, K), into row p of out (pairs, n_rows). One block column per pair (grid z),
     each pair as one activation row with ``config``'s K warps and no split-K: a pair's bits are those this kernel
-    gives its row with its expert alone, whatever the other pairs. Never an early launch (weight_mma.cu's EXPERTS)."""
+    gives its row with its expert alone, whatever the other pairs. ``early``: a programmatic dependent launch whose
+    blocks wait for the kernel before first thing (weight_mma.cu's EXPERTS; ``ANYFP4_EXPERTS_EARLY``)."""
     pairs, rows = ids.shape[0], x.shape[0]
     if ids.dim() != 1 or ids.dtype != torch.int32 or rows == 0 or pairs % rows:
         raise ValueError(f"ids must be (pairs,) int32 with pairs a multiple of the {rows} rows of x")
@@ -238,7 +239,7 @@ def plan_experts_launch(fmt: str, x: torch.Tensor, ids: torch.Tensor, codes: tor
     pairs_of = ExpertPairs(ids, pairs // rows, codes.stride(0) // 4,
                            block_scales.stride(0) // 2 if nvfp4 else 0, gscale.stride(0))
     plan = plan_launch(fmt, x[:1], codes[0], block_scales[0] if nvfp4 else None, gscale[0:1] if nvfp4 else gscale[0],
-                       None, n_rows, up_offset, config, out[:1], None, stage_bytes=stage_bytes, early=False,
+                       None, n_rows, up_offset, config, out[:1], None, stage_bytes=stage_bytes, early=early,
                        counters=None, sm=sm, experts=pairs_of)
     return replace(plan, out=out)
 
@@ -269,13 +270,17 @@ def _launch(fmt: str, x: torch.Tensor, codes: torch.Tensor, block_scales: torch.
 
 def experts_mma(fmt: str, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, block_scales: torch.Tensor | None,
                 gscale: torch.Tensor, n_rows: int, up_offset: int, config: MMAConfig) -> torch.Tensor:
-    """A mixture of experts' grouped launch on the GPU (``plan_experts_launch``) -> (pairs, n_rows)."""
+    """A mixture of experts' grouped launch on the GPU (``plan_experts_launch``) -> (pairs, n_rows); early where
+    ``ANYFP4_EXPERTS_EARLY`` asks for it and early launches are on."""
+    from ...env import experts_early_launch
+
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     stage_bytes = min(STAGE_BYTES, nvrtc.max_shared_memory(device) - 1024)
+    early = early_launch(device) and experts_early_launch()
     plan = plan_experts_launch(fmt, x, ids, codes, block_scales, gscale, n_rows, up_offset, config, None,
-                               stage_bytes=stage_bytes, sm=device_arch(device)[0])
+                               stage_bytes=stage_bytes, sm=device_arch(device)[0], early=early)
     kernel = nvrtc.load(source_text(), KERNEL, plan.defines, device, shared_memory=stage_bytes)
-    kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=False)
+    kernel.launch(plan.grid, plan.threads, plan.shared_bytes, plan.args, early=early)
     return plan.out
 
 
