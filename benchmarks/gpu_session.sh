@@ -98,7 +98,7 @@ bench)
     ;;
 sweep)
     timeout 560 python3 benchmarks/probes/mma_sweep.py --skip-check --formats ${FORMATS:-nvfp4 fp8} \
-        --shapes ${SHAPES:-14336x4096 4096x14336 28672x8192 6144x4096 4096x4096} --gated ${GATED:-14336x4096} \
+        --shapes ${SHAPES:-14336x4096 4096x14336 28672x8192 6144x4096 4096x4096} --gated ${GATED-14336x4096} \
         --ms ${MS:-1 8 16 32} --out "$OUT/mma_sweep.json" 2>&1 | grep -v "^  " | tail -60
     ;;
 runner)
