@@ -124,10 +124,11 @@ def test_every_warpgroup_variant_compiles_for_sm90a(fmt, gated):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-def test_warpgroup_mmas_on_the_gpu(fmt):
+def test_warpgroup_mmas_on_the_gpu(fmt, dtype):
     """On the device: the reference's values, every output written, and the mma.sync launch's float32 sums bit for
-    bit (if the hardware's warpgroup mma sums a k16 product otherwise, this is where it shows)."""
+    bit (if the hardware's warpgroup mma sums a k16 product otherwise, this is where it shows), bf16 and fp16."""
     from anyfp4.kernels.cuda import counters
 
     gen = torch.Generator(device="cuda").manual_seed(44)
@@ -135,8 +136,8 @@ def test_warpgroup_mmas_on_the_gpu(fmt):
     gemm = weight_mma.nvfp4_mma_gemm if fmt == "nvfp4" else weight_mma.fp8_mma_gemm
     counters.reserve_counters(torch.device("cuda"))
     for m, cfg in CASES:
-        x = torch.randn(m, K, device="cuda", generator=gen).to(torch.bfloat16)
-        out = torch.full((m, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        x = torch.randn(m, K, device="cuda", generator=gen).to(dtype)
+        out = torch.full((m, N), float("nan"), dtype=dtype, device="cuda")
         y = gemm(x, p, None, cfg, out=out)
         assert not y.isnan().any() and rel_err(y, x.double() @ wd.t()) < 4e-3, (m, cfg)
         sums = gemm(x, p, None, cfg, out_dtype=torch.float32)
@@ -149,14 +150,15 @@ def test_warpgroup_mmas_on_the_gpu(fmt):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [5, 8, 16, 32])
-def test_warpgroup_split_k_slices_of_an_odd_step_count_on_the_gpu(m):
+def test_warpgroup_split_k_slices_of_an_odd_step_count_on_the_gpu(m, dtype):
     """Slices of seven steps (K = 14336 in 16 split-K blocks, as Llama's down projection runs): a partial pass at the
     end of every slice, where wgmma 2 gave NaN sums on an H100. The launch table's wgmma 1 configs: mma.sync's sums,
     the same twice, and each row's sums those of the row alone."""
     gen = torch.Generator(device="cuda").manual_seed(45)
     p = prepack_nvfp4(nvfp4_weight(256, 14336, gen, torch.tensor(2e-3), device="cuda"))
-    x = torch.randn(m, 14336, device="cuda", generator=gen).to(torch.bfloat16)
+    x = torch.randn(m, 14336, device="cuda", generator=gen).to(dtype)
     for cfg in (MMAConfig(2, 8, 16, 2, wgmma=1), MMAConfig(1, 8, 16, 4, wgmma=1)):
         sums = weight_mma.nvfp4_mma_gemm(x, p, None, cfg, out_dtype=torch.float32)
         assert not sums.isnan().any(), cfg
