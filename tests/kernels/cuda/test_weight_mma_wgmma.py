@@ -155,7 +155,7 @@ def test_warpgroup_mmas_on_the_gpu(fmt, dtype):
 def test_warpgroup_split_k_slices_of_an_odd_step_count_on_the_gpu(m, dtype):
     """Slices of seven steps (K = 14336 in 16 split-K blocks, as Llama's down projection runs): a partial pass at the
     end of every slice, where wgmma 2 gave NaN sums on an H100. The launch table's wgmma 1 configs: mma.sync's sums,
-    the same twice, and each row's sums those of the row alone."""
+    the same twice, and the last row's sums those of the row alone."""
     gen = torch.Generator(device="cuda").manual_seed(45)
     p = prepack_nvfp4(nvfp4_weight(256, 14336, gen, torch.tensor(2e-3), device="cuda"))
     x = torch.randn(m, 14336, device="cuda", generator=gen).to(dtype)
