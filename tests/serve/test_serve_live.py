@@ -13,6 +13,10 @@ from serve_support import live_server, payloads, request, streamed
 
 httpx = pytest.importorskip("httpx2")
 
+# How long a test waits for the worker thread to reach a point: on a loaded 2-CPU machine it once took over 10 s to
+# start a generation (a whole-suite CI run); an event's wait returns as soon as it is set.
+EVENT_WAIT_S = 60
+
 
 @contextmanager
 def held_generation(monkeypatch):
@@ -28,7 +32,7 @@ def held_generation(monkeypatch):
         state["entered"].set()
 
         def step(tokens):
-            assert state["release"].wait(30)
+            assert state["release"].wait(2 * EVENT_WAIT_S)
             state["steps"][index] += 1
             on_tokens(tokens)
 
@@ -54,12 +58,12 @@ def test_a_disconnect_cancels_the_generation(session, monkeypatch, stream):
         if stream:
             with client.stream("POST", route, json=body) as response:
                 assert next(response.iter_lines()).startswith("data: ")  # the role chunk: the stream is open
-                assert held["entered"].wait(10)
+                assert held["entered"].wait(EVENT_WAIT_S)
         else:
             with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
                 client.post(route, json=body, timeout=httpx.Timeout(10, read=1.0))
-            assert held["entered"].wait(10)
-        assert held["cancelled"].wait(10)  # the server saw the client leave
+            assert held["entered"].wait(EVENT_WAIT_S)
+        assert held["cancelled"].wait(EVENT_WAIT_S)  # the server saw the client leave
         held["release"].set()
         after = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=30)
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 3
@@ -75,7 +79,7 @@ def test_a_full_queue_gets_429_and_the_others_are_served(session, monkeypatch):
             running_lines = running.iter_lines()
             assert next(running_lines).startswith("data: ")
             # the worker took the first job off the queue (before that, the queue of one is full)
-            assert held["entered"].wait(10) and held["steps"] == [0]
+            assert held["entered"].wait(EVENT_WAIT_S) and held["steps"] == [0]
             with second.stream("POST", route, json=body) as waiting:
                 waiting_lines = waiting.iter_lines()
                 assert next(waiting_lines).startswith("data: ")  # one generates, one waits
