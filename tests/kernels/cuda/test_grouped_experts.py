@@ -137,8 +137,8 @@ def test_an_early_grouped_launch_compiles_and_waits_before_its_ids(fmt):
                                           experts_mma_config(256, fmt), None, stage_bytes=weight_mma.STAGE_BYTES,
                                           sm=90, early=True)
     assert plan.defines["EARLY"] == 1 and plan.defines["EXPERTS"] == 1
-    assert nvrtc.compile_cubin(weight_mma.source_text(), weight_mma.KERNEL, 90, plan.defines)
     source = weight_mma.source_text()
+    assert nvrtc.compile_cubin(source, weight_mma.KERNEL, 90, plan.defines)
     block = source[source.index("#if EXPERTS\n    {"):]
     assert block.index("griddepcontrol.wait") < block.index("ids + pair")
 

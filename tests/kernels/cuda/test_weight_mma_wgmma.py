@@ -26,6 +26,8 @@ CASES = [(1, MMAConfig(1, 4, 1, 2, wgmma=1)), (7, MMAConfig(1, 8, 1, 4, wgmma=1)
          (33, MMAConfig(1, 4, 1, 4, wgmma=2)), (64, MMAConfig(1, 8, 1, 2, wgmma=2))]
 needs_host = pytest.mark.skipif(not host_cuda.available(), reason="needs a host C++ compiler (g++)")
 needs_nvrtc = pytest.mark.skipif(not nvrtc.compiler_available(), reason="needs NVRTC")
+needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                reason="needs an sm_90 GPU")
 
 
 def layers(gen, fmt="nvfp4", device="cpu"):
@@ -122,8 +124,7 @@ def test_every_warpgroup_variant_compiles_for_sm90a(fmt, gated):
         assert "0 bytes spill stores" in log or (gated and nt == 8), (nt, mt, bf16, log[-2000:])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="needs an sm_90 GPU")
+@needs_sm90
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 def test_warpgroup_mmas_on_the_gpu(fmt, dtype):
@@ -148,8 +149,7 @@ def test_warpgroup_mmas_on_the_gpu(fmt, dtype):
             assert rel_err(g, ref) < 8e-3, (m, cfg)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="needs an sm_90 GPU")
+@needs_sm90
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [5, 8, 16, 32])
 def test_warpgroup_split_k_slices_of_an_odd_step_count_on_the_gpu(m, dtype):
