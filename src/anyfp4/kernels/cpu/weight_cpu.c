@@ -105,6 +105,39 @@ static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, 
     }
 }
 
+/* The sums of a row block's rows, kept until the block is done: sums[m][r] is row n0 + r's accumulator for the
+   pass's row m of x. flush_rows adds each one's lanes in halving_sum's order (lane j + lane j + 8, then + 4, + 2,
+   + 1; each addition the one store_rows makes) for 16 rows at once in four rounds of shuffles and adds, then
+   writes scale (times row_scale[n] where given) times each total. */
+static inline __m512 halving_sums_16(const __m512 *v) {
+    __m512 h1[8], h2[4], h3[2];
+    for (int i = 0; i < 8; i++)   /* quarters: v[2i] lanes j + j + 8 for j 0..3, 4..7, then v[2i + 1]'s */
+        h1[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; i++)   /* quarter q: v[4i + q]'s four sums of j + j + 4 */
+        h2[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h1[2 * i], h1[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(h1[2 * i], h1[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++)   /* quarter q: v[8i + q]'s two sums of j + j + 2, then v[8i + 4 + q]'s */
+        h3[i] = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(h2[2 * i]), _mm512_castps_pd(h2[2 * i + 1]))),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(h2[2 * i]), _mm512_castps_pd(h2[2 * i + 1]))));
+    /* lane 4q + i: the total of v[4i + q] */
+    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(h3[0], h3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(h3[0], h3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
+}
+
+static inline void flush_rows(__m512 (*sums)[TILE_ROWS], int mb, int64_t count, const float *row_scale, float scale,
+                              float *y, int64_t ldy) {
+    const __mmask16 live = (__mmask16)((1u << count) - 1u);
+    const __m512 s = row_scale ? _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row_scale), _mm512_set1_ps(scale))
+                               : _mm512_set1_ps(scale);
+    for (int m = 0; m < mb; m++) {
+        for (int64_t r = count; r < TILE_ROWS; r++) sums[m][r] = _mm512_setzero_ps();
+        _mm512_mask_storeu_ps(y + m * ldy, live, _mm512_mul_ps(s, halving_sums_16(sums[m])));
+    }
+}
+
 /* one field of every word of a tile row: decode, then a product per row of x */
 #define NVFP4_STEP(i)                                                                                           \
             {                                                                                               \
@@ -117,6 +150,7 @@ static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, 
    tile lane): per tile the block scales bs, a sum `part` from zero that STEPS fills from w and xp, then
    acc += part * bs. The FMA and the bf16 dot-product paths differ only in x's form and STEPS. */
 #define NVFP4_ROW_LOOP(MB, XT, PER_TILE, STEPS)                                                                 \
+    __m512 sums[MB][TILE_ROWS];                                                                             \
     for (int64_t n = n0; n < n1; n++) {                                                                     \
         __m512 acc[MB];                                                                                     \
         for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();                                          \
@@ -139,8 +173,9 @@ static inline void store_rows(const __m512 *acc, int mb, float scale, float *y, 
             STEPS                                                                                           \
             for (int m = 0; m < MB; m++) acc[m] = _mm512_fmadd_ps(part[m], bs, acc[m]);                     \
         }                                                                                                   \
-        store_rows(acc, MB, out_scale, y + m0 * ldy + n, ldy);                                             \
+        for (int m = 0; m < MB; m++) sums[m][n - n0] = acc[m];                                               \
     }                                                                                                       \
+    flush_rows(sums, MB, n1 - n0, NULL, out_scale, y + m0 * ldy + n0, ldy);                                  \
 
 #define NVFP4_ROWS(MB)                                                                                          \
 static void nvfp4_rows_##MB(const uint32_t *codes, const uint8_t *scales, const float *x_rows,              \
@@ -204,6 +239,7 @@ static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const f
                           int64_t word_rowblock, int64_t word_row, int64_t word_tile, int64_t n0, int64_t n1, \
                           int64_t n_end, int64_t m0, float *y, int64_t ldy) {                                   \
     const int mb = MB;                                                                                      \
+    __m512 sums[MB][TILE_ROWS];                                                                             \
     for (int64_t n = n0; n < n1; n++) {                                                                     \
         __m512 acc[MB];                                                                                     \
         for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();                                          \
@@ -214,9 +250,9 @@ static void fp8_rows_##MB(const uint32_t *codes, const float *row_scale, const f
             const float *xp = x_perm + (m0 * tiles + t * MB) * 4 * TILE_WORDS;                                  \
             FP8_STEP(0) FP8_STEP(1) FP8_STEP(2) FP8_STEP(3)                                                 \
         }                                                                                                   \
-        const float scale = (row_scale ? row_scale[n] : 1.0f) * 256.0f;                                     \
-        store_rows(acc, MB, scale, y + m0 * ldy + n, ldy);                                                 \
+        for (int m = 0; m < MB; m++) sums[m][n - n0] = acc[m];                                               \
     }                                                                                                       \
+    flush_rows(sums, MB, n1 - n0, row_scale ? row_scale + n0 : NULL, 256.0f, y + m0 * ldy + n0, ldy);         \
 }
 EVERY_MB(FP8_ROWS)
 
@@ -245,6 +281,7 @@ static void fp8_bf16_rows_##MB(const uint32_t *codes, const float *row_scale, co
                                int64_t tiles, int64_t word_rowblock, int64_t word_row, int64_t word_tile,    \
                                int64_t n0, int64_t n1, int64_t n_end, int64_t m0, float *y, int64_t ldy) {   \
     const int mb = MB;                                                                                      \
+    __m512 sums[MB][TILE_ROWS];                                                                             \
     uint16_t values[32] = {0};                                                                              \
     for (int m = 0; m < 8; m++) values[m] = (uint16_t)(as_bits((float)m * 0.001953125f) >> 16); /* m * 2^-9 */ \
     const __m512i subnormals = _mm512_loadu_si512(values);                                                  \
@@ -258,8 +295,9 @@ static void fp8_bf16_rows_##MB(const uint32_t *codes, const float *row_scale, co
             const uint32_t *xq = x_pair + (m0 * tiles + t * MB) * 2 * TILE_WORDS;                               \
             FP8_BF16_STEP(0) FP8_BF16_STEP(1)                                                               \
         }                                                                                                   \
-        store_rows(acc, MB, row_scale ? row_scale[n] : 1.0f, y + m0 * ldy + n, ldy);                       \
+        for (int m = 0; m < MB; m++) sums[m][n - n0] = acc[m];                                               \
     }                                                                                                       \
+    flush_rows(sums, MB, n1 - n0, row_scale ? row_scale + n0 : NULL, 1.0f, y + m0 * ldy + n0, ldy);           \
 }
 EVERY_MB(FP8_BF16_ROWS)
 
