@@ -8,8 +8,11 @@ over the round's wall time, prefill and HTTP included) next to the runner's in-p
 prompts as one batch (what ``anyfp4 bench --batch`` times); with ``--bench``, ``anyfp4 bench --batch N`` itself
 in a second process afterwards.
 
-    PYTHONPATH=src python benchmarks/runners/serve_gpu.py --tokenizer TOKENIZER_DIR --bench \\
+    PYTHONPATH=src ANYFP4_PREFILL=chunked python benchmarks/runners/serve_gpu.py --tokenizer TOKENIZER_DIR --bench \\
         --out benchmarks/results/serve_gpu_h200.json
+
+A row's bits depend on neither the batch's other prompts nor its length only with ``ANYFP4_PREFILL=chunked``
+(README); under the default prefill the texts served together need not match those served alone.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import threading
@@ -134,6 +138,7 @@ def main() -> None:
         "commit": args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                                 text=True).stdout.strip(),
         "model": f"random:{args.arch}:{args.format}", "clients": args.clients, "max_tokens": args.max_tokens,
+        "prefill": os.environ.get("ANYFP4_PREFILL", "auto"),  # texts match alone only with chunked (README)
         "all_completed": all(ok), "same_as_alone": sum(a.get("text") == b.get("text") for a, b in zip(alone, together)),
         "first_round_generations": [asdict(r) for r in first_round],
         "timed_round_generations": [asdict(r) for r in timed_round],
