@@ -36,6 +36,7 @@
 #   bash benchmarks/gpu_session.sh wgmmabench # the table's wgmma entries end to end: bench --batch 8 / 16, 7 drafts,
 #                                            # against the entries before them (same sha256 expected)
 #   bash benchmarks/gpu_session.sh fusedswap # the fused prefill GEMM, decoded tile as wgmma's register operand
+#   BEFORE=DIR bash benchmarks/gpu_session.sh gemvab # the float GEMV's four chunks a pass against a tree before it
 #   bash benchmarks/gpu_session.sh ringsweep # a sweep with shared rings (SHAPES, GATED, MS), then bench (ARCH, FORMAT)
 #                                            # with it as ANYFP4_MMA_TABLE and with the built-in table
 # Each step has its own time limit so one slow step cannot eat the whole lease.
@@ -166,6 +167,20 @@ early)
     ANYFP4_EARLY_LAUNCH=0 bench bench_llama8b_nvfp4_early_off --format nvfp4
     if [ -n "${BEFORE:-}" ]; then PYTHONPATH="$BEFORE" bench bench_llama8b_nvfp4_before --format nvfp4; fi
     bench bench_llama8b_nvfp4_early_again --format nvfp4
+    ;;
+gemvab)
+    # the float GEMV's four chunks a pass (kernels/triton/dense_gemv.py; the Qwen3.5 b / a projections in the
+    # convolution's launch) against the tree before it: BEFORE=DIR, its src/ (e.g. `mkdir -p before && git archive
+    # 122f2a6 src | tar -x -C before`, then BEFORE=before/src), alternated twice; the same sha256 expected, then the
+    # step profile (the convolution's launch was 5.8 us at 122f2a6 on an H200)
+    for round in 1 2; do
+        q35 bench_q35_mixed_gemv4_$round --format mixed
+        PYTHONPATH="$(realpath "${BEFORE:?a src/ tree of the commit before}")" q35 bench_q35_mixed_before_$round \
+            --format mixed
+    done
+    timeout 100 python3 benchmarks/probes/step_profile.py --arch qwen3.5-27b --formats mixed \
+        --out "$OUT/step_profile_q35.json" > "$OUT/step_profile_q35.log" 2>&1; grep -A8 "==" "$OUT/step_profile_q35.log" \
+        | cut -c1-120
     ;;
 batch)
     # a left-padded batch's rows against each prompt alone: module by module (prefill and eager decode steps), the
