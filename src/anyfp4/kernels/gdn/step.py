@@ -126,14 +126,17 @@ def delta_rule_kernel(mixed_ptr, a_ptr, b_ptr, neg_a_ptr, dt_bias_ptr, state_ptr
         q = tl.load(base + kh * DK + kk, mask=k_in, other=0.0).to(tl.float32)
         k = tl.load(base + K_HEADS * DK + kh * DK + kk, mask=k_in, other=0.0).to(tl.float32)
         v = tl.load(base + 2 * K_HEADS * DK + head * DV + vv, mask=v_in, other=0.0).to(tl.float32)
+        b_in = tl.load(b_ptr + row * stride_bb + t * stride_bt + head).to(tl.float32)  # before the sums below:
+        a_in = tl.load(a_ptr + row * stride_ab + t * stride_at + head).to(tl.float32)  # one wait, not two
+        if HAS_VALID:
+            keep = tl.load(valid_ptr + row * stride_vb + t)
         q = q / tl.sqrt(tl.sum(q * q, axis=0) + _L2_EPS) * q_scale
         k = k / tl.sqrt(tl.sum(k * k, axis=0) + _L2_EPS)
-        beta = 1.0 / (1.0 + tl.exp(-tl.load(b_ptr + row * stride_bb + t * stride_bt + head).to(tl.float32)))
-        a = tl.load(a_ptr + row * stride_ab + t * stride_at + head).to(tl.float32) + dt_bias
+        beta = 1.0 / (1.0 + tl.exp(-b_in))
+        a = a_in + dt_bias
         softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
         g = neg_a * softplus
         if HAS_VALID:  # left padding neither decays nor writes the state
-            keep = tl.load(valid_ptr + row * stride_vb + t)
             beta, g = beta * keep, g * keep
         s = s * tl.exp(g)
         delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
@@ -158,11 +161,11 @@ def gated_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, heads, stride_xr, stride_zr,
     d = tl.arange(0, BD)
     inside = d < D
     x = tl.load(x_ptr + row * stride_xr + head * D + d, mask=inside, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + d, mask=inside, other=0.0).to(tl.float32)  # all loads before the sum: one wait, not three
+    gate = tl.load(z_ptr + row * stride_zr + head * D + d, mask=inside, other=0.0).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
     normed = round_to_output(x / tl.sqrt(tl.sum(x * x, axis=0) / D + eps), dtype, INTERPRET).to(tl.float32)
-    w = tl.load(w_ptr + d, mask=inside, other=0.0).to(tl.float32)
     weighted = round_to_output(w * normed, w_ptr.dtype.element_ty, INTERPRET).to(tl.float32)
-    gate = tl.load(z_ptr + row * stride_zr + head * D + d, mask=inside, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_or + head * D + d, round_to_output(weighted * _silu(gate), dtype, INTERPRET),
              mask=inside)
 

@@ -26,11 +26,11 @@ def add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, n_cols, stride_x, str
     inside = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=inside, other=0.0).to(tl.float32)
     d = tl.load(d_ptr + row * stride_d + cols, mask=inside, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)  # with x: not a second wait after the sum
     h = round_to_output(x + d, h_ptr.dtype.element_ty, INTERPRET)
     tl.store(h_ptr + row * stride_h + cols, h, mask=inside)
     hf = h.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_y + cols, round_to_output(w * (hf * inv), y_ptr.dtype.element_ty, INTERPRET),
              mask=inside)
 
@@ -43,8 +43,8 @@ def rms_norm_kernel(x_ptr, w_ptr, y_ptr, n_cols, stride_x, stride_y, eps,
     cols = tl.arange(0, BLOCK)
     inside = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=inside, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)  # with x: not a second wait after the sum
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_y + cols, round_to_output(w * (x * inv), y_ptr.dtype.element_ty, INTERPRET),
              mask=inside)
 
