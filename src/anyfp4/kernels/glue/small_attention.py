@@ -141,6 +141,8 @@ def small_attention_merge_kernel(
     m_s = tl.load(stat_ptr + base * 2, mask=seen, other=-1.0e30)
     l_s = tl.load(stat_ptr + base * 2 + 1, mask=seen, other=0.0)
     part = tl.load(part_ptr + base[:, None] * BLOCK_D + d[None, :], mask=seen[:, None], other=0.0)
+    if GATE:  # loaded with the rest, before the reductions: one wait for memory
+        g = tl.load(gate_ptr + b * sg_b + pos * sg_t + head * sg_h + d, mask=d < HD, other=0.0).to(tl.float32)
     m = tl.max(m_s, axis=0)
     w = tl.exp(m_s - m)
     l = tl.sum(l_s * w, axis=0)
@@ -148,7 +150,6 @@ def small_attention_merge_kernel(
     out = acc / tl.where(l > 0, l, 1.0)
     dtype = out_ptr.dtype.element_ty
     if GATE:
-        g = tl.load(gate_ptr + b * sg_b + pos * sg_t + head * sg_h + d, mask=d < HD, other=0.0).to(tl.float32)
         sig = round_to_output(1.0 / (1.0 + tl.exp(-g)), dtype, INTERPRET).to(tl.float32)
         out = round_to_output(out, dtype, INTERPRET).to(tl.float32) * sig
     tl.store(out_ptr + b * so_b + pos * so_t + head * so_h + d, round_to_output(out, dtype, INTERPRET), mask=d < HD)
