@@ -36,7 +36,7 @@
 #   bash benchmarks/gpu_session.sh wgmmabench # the table's wgmma entries end to end: bench --batch 8 / 16, 7 drafts,
 #                                            # against the entries before them (same sha256 expected)
 #   bash benchmarks/gpu_session.sh fusedswap # the fused prefill GEMM, decoded tile as wgmma's register operand
-#   BEFORE=DIR bash benchmarks/gpu_session.sh gemvab # the GEMV's chunks and the glue kernels' loads against a tree before
+#   BEFORE=DIR bash benchmarks/gpu_session.sh gemvab # GEMV chunks, glue kernels' loads first: against a tree before
 #   bash benchmarks/gpu_session.sh ringsweep # a sweep with shared rings (SHAPES, GATED, MS), then bench (ARCH, FORMAT)
 #                                            # with it as ANYFP4_MMA_TABLE and with the built-in table
 # Each step has its own time limit so one slow step cannot eat the whole lease.
@@ -155,8 +155,8 @@ serve)
     tokenizer="$(realpath "${TOKENIZER:?a tokenizer directory}")"
     # a row's bits independent of the batch's other prompts need ANYFP4_PREFILL=chunked (README); the texts are
     # compared with each request served alone
-    (cd benchmarks/runners && ANYFP4_PREFILL=${ANYFP4_PREFILL:-chunked} timeout 300 python3 serve_gpu.py --tokenizer "$tokenizer" \
-        --max-tokens "${MAX_TOKENS:-128}" --bench ${COMMIT:+--commit $COMMIT} --out "$OUT/serve_gpu.json" 2>&1 \
+    (cd benchmarks/runners && ANYFP4_PREFILL=${ANYFP4_PREFILL:-chunked} timeout 300 python3 serve_gpu.py \
+        --tokenizer "$tokenizer" --max-tokens "${MAX_TOKENS:-128}" --bench ${COMMIT:+--commit $COMMIT} --out "$OUT/serve_gpu.json" 2>&1 \
         | tail -16)
     ;;
 early)
@@ -170,8 +170,8 @@ early)
     ;;
 gemvab)
     # the float GEMV's four chunks a pass (kernels/triton/dense_gemv.py; the Qwen3.5 b / a projections in the
-    # convolution's launch) and the glue kernels' loads issued before their sums (norms, delta rule, rotary, merge), against
-    # the tree before them: BEFORE=DIR, its src/ (e.g. `mkdir -p before && git archive 122f2a6 src | tar -x -C
+    # convolution's launch) and the glue kernels' loads issued before their sums (norms, delta rule, rotary,
+    # merge), against the tree before them: BEFORE=DIR, its src/ (e.g. `mkdir -p before && git archive 122f2a6 src | tar -x -C
     # before`, then BEFORE=before/src), alternated twice; the same sha256 expected, then the step profile (at
     # 122f2a6 on an H200: convolution 5.8 us a launch, add_rms_norm 2.5, delta rule 3.5, gated norm 1.2)
     for round in 1 2; do
