@@ -171,9 +171,12 @@ early)
 gemvab)
     # the float GEMV's four chunks a pass (kernels/triton/dense_gemv.py; the Qwen3.5 b / a projections in the
     # convolution's launch) and the glue kernels' loads issued before their sums (norms, delta rule, rotary,
-    # merge), against the tree before them: BEFORE=DIR, its src/ (e.g. `mkdir -p before && git archive 122f2a6 src | tar -x -C
-    # before`, then BEFORE=before/src), alternated twice; the same sha256 expected, then the step profile (at
-    # 122f2a6 on an H200: convolution 5.8 us a launch, add_rms_norm 2.5, delta rule 3.5, gated norm 1.2)
+    # merge), against the tree before them: their GPU tests, then BEFORE=DIR, its src/ (e.g. `mkdir -p before &&
+    # git archive 122f2a6 src | tar -x -C before`, then BEFORE=before/src), alternated twice, the same sha256
+    # expected; then the step profile (at 122f2a6 on an H200: convolution 5.8 us a launch, add_rms_norm 2.5, delta
+    # rule 3.5, gated norm 1.2)
+    timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/glue tests/kernels/gdn \
+        tests/kernels/triton/test_dense_gemv.py -k "not aot" 2>&1 | tail -4 | tee "$OUT/pytest_gemvab.txt"
     for round in 1 2; do
         q35 bench_q35_mixed_gemv4_$round --format mixed
         PYTHONPATH="$(realpath "${BEFORE:?a src/ tree of the commit before}")" q35 bench_q35_mixed_before_$round \
