@@ -183,8 +183,8 @@ gemvab)
             --format mixed
     done
     timeout 100 python3 benchmarks/probes/step_profile.py --arch qwen3.5-27b --formats mixed \
-        --out "$OUT/step_profile_q35.json" > "$OUT/step_profile_q35.log" 2>&1; grep -A8 "==" "$OUT/step_profile_q35.log" \
-        | cut -c1-120
+        --out "$OUT/step_profile_q35.json" > "$OUT/step_profile_q35.log" 2>&1
+    grep -A8 "==" "$OUT/step_profile_q35.log" | cut -c1-120
     ;;
 batch)
     # a left-padded batch's rows against each prompt alone: module by module (prefill and eager decode steps), the
