@@ -156,8 +156,8 @@ serve)
     # a row's bits independent of the batch's other prompts need ANYFP4_PREFILL=chunked (README); the texts are
     # compared with each request served alone
     (cd benchmarks/runners && ANYFP4_PREFILL=${ANYFP4_PREFILL:-chunked} timeout 300 python3 serve_gpu.py \
-        --tokenizer "$tokenizer" --max-tokens "${MAX_TOKENS:-128}" --bench ${COMMIT:+--commit $COMMIT} --out "$OUT/serve_gpu.json" 2>&1 \
-        | tail -16)
+        --tokenizer "$tokenizer" --max-tokens "${MAX_TOKENS:-128}" --bench ${COMMIT:+--commit $COMMIT} \
+        --out "$OUT/serve_gpu.json" 2>&1 | tail -16)
     ;;
 early)
     timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider tests/runtime/test_cuda_graph.py \
