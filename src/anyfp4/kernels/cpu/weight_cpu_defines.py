@@ -53,15 +53,25 @@ def _select_expression(bits: dict[int, int], exact: bool) -> str:
 
 
 def _rotation_expression(bits: dict[int, int], exact: bool = False) -> str:
-    """A C expression of ROTL (rotate left), SEL and AND with word bit ``bits[t]`` at bit t for each target bit t:
-    one rotation for all targets that move by the same amount (none for those that stay), merged by bit selects;
-    ``exact``: every other bit 0 (one AND at the end), else anything."""
+    """A C expression of ROTL (rotate left), SRL / SHL, SEL and AND with word bit ``bits[t]`` at bit t for each target
+    bit t: one rotation for all targets that move by the same amount (none for those that stay), merged by bit
+    selects; a plain shift where all of them move the same way (on Zen 4 a rotate takes a dot product's or an FMA's
+    slot, a shift does not); ``exact``: every other bit 0 (one AND at the end), else anything."""
     groups: dict[int, int] = {}
+    ways: dict[int, set[bool]] = {}
     for t, src in bits.items():
         groups[(t - src) % 32] = groups.get((t - src) % 32, 0) | 1 << t
+        ways.setdefault((t - src) % 32, set()).add(t >= src)
     expr = None
     for r in sorted(groups, key=lambda r: (r != 0, r)):  # the word as it is first (no operation)
-        moved = "w" if r == 0 else f"ROTL(w,{r})"
+        if r == 0:
+            moved = "w"
+        elif ways[r] == {True}:
+            moved = f"SHL(w,{r})"
+        elif ways[r] == {False}:
+            moved = f"SRL(w,{32 - r})"
+        else:
+            moved = f"ROTL(w,{r})"
         expr = moved if expr is None else f"SEL({expr},{moved},{groups[r]})"
     return f"AND({expr},{sum(groups.values())})" if exact else expr
 
@@ -72,7 +82,8 @@ def _pair_index(a: int, b: int) -> dict[int, int]:
 
 
 def _expression_cost(expr: str) -> int:
-    return expr.count("ROTL") + expr.count("SEL") + expr.count("AND")
+    """Operations: one per move (a rotation or shift), bit select and mask."""
+    return sum(expr.count(op) for op in ("ROTL", "SRL", "SHL", "SEL", "AND"))
 
 
 def _fp8_pair_bits(a: int, b: int) -> dict[int, int]:
