@@ -170,7 +170,7 @@ early)
     ;;
 gemvab)
     # the float GEMV's four chunks a pass (kernels/triton/dense_gemv.py; the Qwen3.5 b / a projections in the
-    # convolution's launch) and the glue kernels' loads issued before their sums (norms, delta rule, rotary,
+    # convolution's launch) and the glue kernels' loads issued before their sums (norms, delta rule,
     # merge), against the tree before them: their GPU tests, then BEFORE=DIR, its src/ (e.g. `mkdir -p before &&
     # git archive 122f2a6 src | tar -x -C before`, then BEFORE=before/src), alternated twice, the same sha256
     # expected; then the step profile (at 122f2a6 on an H200: convolution 5.8 us a launch, add_rms_norm 2.5, delta

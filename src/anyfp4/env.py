@@ -132,8 +132,8 @@ def early_launch_allowed() -> bool:
 def experts_early_launch() -> bool:
     """``ANYFP4_EXPERTS_EARLY``: ``1`` launches a mixture of experts' grouped expert launches early too (where
     ``ANYFP4_EARLY_LAUNCH`` allows early launches), each block waiting for the routing before it reads anything —
-    its expert ids choose the weights it reads; ``0`` (default, until measured on a GPU) launches them in stream
-    order. Outputs are bit-identical either way."""
+    its expert ids choose the weights it reads; ``0`` (default: on an H100 it gained nothing, benchmarks/NOTES.md)
+    launches them in stream order. Outputs are bit-identical either way."""
     return _choice("ANYFP4_EXPERTS_EARLY", ("0", "1"), "0") == "1"
 
 

@@ -75,13 +75,13 @@ def rope_cache_kernel(
         in_ty = q_ptr.dtype.element_ty
         whole = tl.arange(0, BLOCK_HD)
         xh = tl.load(src + whole, mask=whole < HD, other=0.0).to(tl.float32)
-        w1 = head_weight(qw_ptr, kw_ptr, head, H, d, inside)  # the weights before the sum: one wait for memory
-        w2 = head_weight(qw_ptr, kw_ptr, head, H, HALF + d, inside)
-        wr = head_weight(qw_ptr, kw_ptr, head, H, rest, rest < HD)
         inv = 1.0 / tl.sqrt(tl.sum(xh * xh, axis=0) / HD + eps)
-        x1 = round_to_output(w1 * (x1 * inv), in_ty, INTERPRET).to(tl.float32)
-        x2 = round_to_output(w2 * (x2 * inv), in_ty, INTERPRET).to(tl.float32)
-        xr = round_to_output(wr * (xr.to(tl.float32) * inv), in_ty, INTERPRET)
+        x1 = round_to_output(head_weight(qw_ptr, kw_ptr, head, H, d, inside) * (x1 * inv), in_ty,
+                             INTERPRET).to(tl.float32)
+        x2 = round_to_output(head_weight(qw_ptr, kw_ptr, head, H, HALF + d, inside) * (x2 * inv), in_ty,
+                             INTERPRET).to(tl.float32)
+        xr = round_to_output(head_weight(qw_ptr, kw_ptr, head, H, rest, rest < HD) * (xr.to(tl.float32) * inv), in_ty,
+                             INTERPRET)
     tl.store(dst + d, round_to_output(x1 * c1 - x2 * s1, out_ty, INTERPRET), mask=inside)
     tl.store(dst + HALF + d, round_to_output(x2 * c2 + x1 * s2, out_ty, INTERPRET), mask=inside)
     if 2 * HALF < HD:  # partial rotary: the rest of the head as it is (normalized with NORM)
