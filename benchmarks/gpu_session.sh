@@ -257,7 +257,7 @@ ringsweep)
     # a sweep with shared rings (SHAPES / GATED: NxK lists, default Qwen3.5-27B's NVFP4 layers; MS: the M buckets),
     # then bench with it as ANYFP4_MMA_TABLE against the built-in table (ARCH: bench's --random-weights, FORMAT)
     timeout ${SWEEP_S:-300} python3 benchmarks/probes/mma_sweep.py --skip-check --shared-ring --ms ${MS:-1 4} --formats nvfp4 \
-        --shapes ${SHAPES:-5120x17408} --gated ${GATED:-17408x5120} --out "$OUT/sweep_ring.json" 2>&1 \
+        --shapes ${SHAPES-5120x17408} --gated ${GATED-17408x5120} --out "$OUT/sweep_ring.json" 2>&1 \
         | grep -E "m=|copy"
     for table in "$OUT/sweep_ring.json" ""; do
         ANYFP4_MMA_TABLE="$table" timeout 200 python3 -m anyfp4 bench --random-weights ${ARCH:-qwen3.5-27b} --json \

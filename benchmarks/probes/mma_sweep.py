@@ -225,7 +225,8 @@ def sweep(device, report, quick, fmt, shapes=None, gated_shapes=((14336, 4096),)
           after_norm=False, keep_slices=False, counts=SLICE_COUNTS, rings=(0,), wgmmas=(0,)):
     torch.backends.cuda.matmul.allow_tf32 = False
     make, bpw, kernel, op, step = FORMATS[fmt]
-    shapes = shapes or (SHAPES[:3] + [(28672, 8192)] if quick else SHAPES)
+    if shapes is None:
+        shapes = SHAPES[:3] + [(28672, 8192)] if quick else SHAPES
     ms = sorted(ms or ([1, 8, 32] if quick else [1, 2, 4, 8, 16, 32]))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     for n, k in shapes:
@@ -349,7 +350,8 @@ def main():
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--formats", nargs="+", default=["nvfp4", "fp8"], choices=list(FORMATS))
-    ap.add_argument("--shapes", nargs="+", metavar="NxK", help="plain shapes to sweep (default: PERF.md's)")
+    ap.add_argument("--shapes", nargs="*", metavar="NxK",
+                    help="plain shapes to sweep (not given: PERF.md's; given with none named: no plain layer)")
     ap.add_argument("--gated", nargs="*", metavar="NxK", default=["14336x4096"],
                     help="gated shapes (gate = up = N x K); none named: no gated layer")
     ap.add_argument("--ms", nargs="+", type=int, help="M values (default 1 2 4 8 16 32)")
@@ -369,7 +371,7 @@ def main():
     if args.print_table:
         print("\n".join(table_lines(args.print_table)))
         return
-    parse = lambda specs: [tuple(int(v) for v in s.lower().split("x")) for s in specs] if specs else None  # noqa: E731
+    parse = lambda specs: [tuple(int(v) for v in s.lower().split("x")) for s in specs]  # noqa: E731
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)
     report = {"device": torch.cuda.get_device_name(), "sm": props.major * 10 + props.minor,
@@ -384,7 +386,8 @@ def main():
     Path(args.out).write_text(json.dumps(report, indent=1))
     if not args.skip_sweep:
         for fmt in args.formats:
-            sweep(device, report, args.quick, fmt, parse(args.shapes), parse(args.gated) or (), args.ms,
+            shapes = None if args.shapes is None else parse(args.shapes)
+            sweep(device, report, args.quick, fmt, shapes, parse(args.gated), args.ms,
                   args.slice_candidates, args.after_norm, args.keep_slices, tuple(args.slice_counts),
                   (0, 1) if args.shared_ring else (0,), (0, 1, 2) if args.wgmma else (0,))
     report["seconds"] = time.time() - t0
