@@ -17,7 +17,7 @@
 #                                            # step profile, Gated DeltaNet prefill: torch, recurrent, chunked
 #   TOKENIZER=DIR bash benchmarks/gpu_session.sh serve  # anyfp4 serve --max-batch 16: 16 clients vs the runner's
 #                                            # batch and `bench --batch 16` (needs the serve extra's wheels)
-#   TOKENIZER=DIR bash benchmarks/gpu_session.sh h200  # on an H200: the hybrid mixed vs bf16, then serve (512 tokens)
+#   TOKENIZER=DIR bash benchmarks/gpu_session.sh h200  # on an H200: serve (512 tokens), then the hybrid mixed vs bf16
 #   bash benchmarks/gpu_session.sh early     # every kernel of a step launched early: its GPU tests, then bench with
 #                                            # ANYFP4_EARLY_LAUNCH=1 / 0 (and BEFORE=DIR: a src/ tree to compare)
 #   bash benchmarks/gpu_session.sh batch     # a left-padded batch's rows against each prompt alone (probes/batch_rows.py),
@@ -139,10 +139,10 @@ hybrid)
     done
     ;;
 h200)
-    # the must-shows that ask for an H200, in one call: the Qwen3.5-27B hybrid mixed against bf16 at batch 1, then
-    # anyfp4 serve's 16 clients (TOKENIZER, MAX_TOKENS as the serve stage)
-    q35 bench_q35_mixed_vs_bf16 --format mixed --compare bf16
+    # the must-shows that ask for an H200, in one call: anyfp4 serve's 16 clients (TOKENIZER, MAX_TOKENS as the serve
+    # stage), then the Qwen3.5-27B hybrid mixed against bf16 at batch 1
     MAX_TOKENS=${MAX_TOKENS:-512} bash "$0" serve
+    q35 bench_q35_mixed_vs_bf16 --format mixed --compare bf16
     ;;
 serve)
     # a machine without a registry: the serve extra's wheels carried in .whl/ (pip download --no-deps for its Python:
