@@ -33,6 +33,19 @@ def pytest_configure(config):
                                 "pip install 'numpy<2.4' (or Triton >= 3.7)")
 
 
+# The README's test command runs `pytest -n auto` (pytest-xdist): one worker per CPU this process may use (its
+# affinity, capped by a cgroup CPU quota, which os.cpu_count() does not see), at most four, since every worker holds
+# its own torch and test models in memory.
+MAX_TEST_WORKERS = 4
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    from anyfp4.kernels.cpu.linear import available_cpus
+
+    return max(1, min(MAX_TEST_WORKERS, available_cpus()))
+
+
 @pytest.fixture
 def device():
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -28,7 +28,7 @@ def test_the_readme_blocks_install_then_demo_and_test():
     demo, tests = (block(ROOT / "README.md", n) for n in (1, 2))
     assert demo.returncode == tests.returncode == 0, demo.stderr + tests.stderr
     assert demo.stdout.startswith("pip install -e ") and demo.stdout.rstrip().endswith("anyfp4 demo")
-    assert tests.stdout.startswith("pip install -e ") and tests.stdout.rstrip().endswith("python -m pytest -q")
+    assert tests.stdout.startswith("pip install -e ") and tests.stdout.rstrip().endswith("python -m pytest -q -n auto")
 
 
 def test_blocks_of_other_sections_and_other_languages_are_not_taken(tmp_path):
