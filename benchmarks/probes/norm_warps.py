@@ -1,5 +1,6 @@
 """How long one ``add_rms_norm`` launch of a decode row takes by its warps: a CUDA graph of a chain of launches
-(each one's outputs the next one's inputs, early launch as the runner has it), replayed; per launch in us.
+(each one's outputs the next one's inputs, early launch as the runner has it), replayed
+(``bench.timing.graph_seconds``); per launch in us.
 
     python benchmarks/probes/norm_warps.py --cols 5120 --warps 2 4 8 16 --out norm_warps.json
 """
@@ -12,40 +13,23 @@ import json
 import torch
 import triton
 
+from anyfp4.bench.timing import graph_seconds
 from anyfp4.kernels.glue.rms_norm import add_rms_norm_kernel
 from anyfp4.kernels.triton.common import early_launch_args
 
 
-def chain_us(cols: int, warps: int, launches: int, replays: int) -> float:
+def chain_us(cols: int, warps: int, launches: int) -> float:
     dev = torch.device("cuda")
-    x = torch.randn(1, cols, device=dev, dtype=torch.bfloat16)
-    d = torch.randn(1, cols, device=dev, dtype=torch.bfloat16) * 0.01
+    bufs = [torch.randn(1, cols, device=dev, dtype=torch.bfloat16) * (0.01 if i % 2 else 1.0) for i in range(4)]
     w = torch.rand(cols, device=dev, dtype=torch.bfloat16)
-    bufs = [torch.empty(1, cols, device=dev, dtype=torch.bfloat16) for _ in range(4)]
     block = triton.next_power_of_2(cols)
 
-    def step():
-        h_in, y_in = x, d
-        for i in range(launches):
-            h, y = bufs[2 * (i % 2)], bufs[2 * (i % 2) + 1]
-            add_rms_norm_kernel[(1,)](h_in, y_in, w, h, y, cols, cols, cols, cols, cols, 1e-6, BLOCK=block,
-                                      INTERPRET=False, num_warps=warps, **early_launch_args(dev))
-            h_in, y_in = h, y
+    def call(i: int) -> None:  # call i adds and normalizes call i - 1's outputs
+        (x, d), (h, y) = bufs[2 * (i % 2):2 * (i % 2) + 2], bufs[2 * (1 - i % 2):2 * (1 - i % 2) + 2]
+        add_rms_norm_kernel[(1,)](x, d, w, h, y, cols, cols, cols, cols, cols, 1e-6, BLOCK=block, INTERPRET=False,
+                                  num_warps=warps, **early_launch_args(dev))
 
-    step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * launches)
+    return graph_seconds(call, reps=launches) * 1e6
 
 
 def main():
@@ -53,14 +37,13 @@ def main():
     ap.add_argument("--cols", type=int, nargs="+", default=[5120, 4096])
     ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8, 16])
     ap.add_argument("--launches", type=int, default=128)
-    ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--out", default="norm_warps.json")
     args = ap.parse_args()
     rows = []
     for cols in args.cols:
         for rnd in range(2):
             for warps in args.warps:
-                us = chain_us(cols, warps, args.launches, args.replays)
+                us = chain_us(cols, warps, args.launches)
                 rows.append({"cols": cols, "warps": warps, "round": rnd, "us_per_launch": us})
                 print(f"cols {cols} warps {warps} round {rnd}: {us:.2f} us a launch", flush=True)
     report = {"gpu": torch.cuda.get_device_name(), "command": "benchmarks/probes/norm_warps.py", "rows": rows}
