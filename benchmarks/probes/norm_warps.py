@@ -20,12 +20,13 @@ from anyfp4.kernels.triton.common import early_launch_args
 
 def chain_us(cols: int, warps: int, launches: int) -> float:
     dev = torch.device("cuda")
-    bufs = [torch.randn(1, cols, device=dev, dtype=torch.bfloat16) * (0.01 if i % 2 else 1.0) for i in range(4)]
+    row = lambda scale: torch.randn(1, cols, device=dev, dtype=torch.bfloat16) * scale  # noqa: E731
+    pairs = [(row(1.0), row(0.01)), (row(1.0), row(0.01))]  # (x, delta) in, (h, y) out, swapped every call
     w = torch.rand(cols, device=dev, dtype=torch.bfloat16)
     block = triton.next_power_of_2(cols)
 
     def call(i: int) -> None:  # call i adds and normalizes call i - 1's outputs
-        (x, d), (h, y) = bufs[2 * (i % 2):2 * (i % 2) + 2], bufs[2 * (1 - i % 2):2 * (1 - i % 2) + 2]
+        (x, d), (h, y) = pairs[i % 2], pairs[1 - i % 2]
         add_rms_norm_kernel[(1,)](x, d, w, h, y, cols, cols, cols, cols, cols, 1e-6, BLOCK=block, INTERPRET=False,
                                   num_warps=warps, **early_launch_args(dev))
 
